@@ -1,0 +1,108 @@
+# flexshim build. `make` builds the library and the tool, `make test` every test that runs without
+# a GPU (plain, sanitizer and valgrind passes), `make dist` the relocatable bundle for the GPU
+# machine, `make install PREFIX=...` installs.
+
+CC        ?= gcc
+CUDA_HOME ?= /usr/local/cuda
+PREFIX    ?= /usr/local
+BUILD     ?= build
+SAN       ?=
+
+WARN    := -Wall -Wextra -Werror -Wshadow -Wstrict-prototypes -Wmissing-prototypes
+CFLAGS  ?= -O2 -g
+CFLAGS  += -std=c11 -D_GNU_SOURCE $(WARN) -fPIC -fvisibility=hidden -pthread \
+           -I. -Icore -I$(CUDA_HOME)/include
+LDLIBS  := -linih -ljansson -ldl -lpthread -lm
+
+ifeq ($(SAN),1)
+CFLAGS  += -fsanitize=address,undefined -fno-omit-frame-pointer -fno-sanitize-recover=undefined
+LDFLAGS += -fsanitize=address,undefined
+endif
+
+CORE_SRC  := $(sort $(wildcard core/*.c) $(wildcard strategies/*.c))
+SHIM_SRC  := $(sort $(wildcard shim/*.c))
+CORE_OBJ  := $(CORE_SRC:%.c=$(BUILD)/%.o)
+SHIM_OBJ  := $(SHIM_SRC:%.c=$(BUILD)/%.o)
+TOOL_OBJ  := $(BUILD)/tools/flexshim-profile.o
+
+UNIT_SRC  := $(sort $(wildcard tests/unit/test_*.c))
+UNIT_BIN  := $(UNIT_SRC:tests/unit/%.c=$(BUILD)/tests/%)
+PRELOAD_PROGS := $(patsubst tests/preload/%.c,$(BUILD)/tests/preload/%,$(sort $(wildcard tests/preload/prog_*.c)))
+FAKE_CUDART   := $(BUILD)/tests/fake/libcudart.so.13
+
+LIB  := $(BUILD)/libflexshim.so
+CORE_A := $(BUILD)/libflexshim_core.a
+TOOL := $(BUILD)/flexshim-profile
+
+.PHONY: all test test-unit test-preload test-asan test-valgrind dist install clean gpu-build
+all: $(LIB) $(TOOL)
+
+$(BUILD)/%.o: %.c $(wildcard core/*.h shim/*.h strategies/*.h)
+	@mkdir -p $(@D)
+	$(CC) $(CFLAGS) -c $< -o $@
+
+$(CORE_A): $(CORE_OBJ)
+	@mkdir -p $(@D)
+	rm -f $@ && ar rcs $@ $^
+
+# The shared library exports only symbols marked FS_EXPORT (the intercepted CUDA names and the
+# public flexshim_* API); no version node, so it interposes on unversioned references.
+$(LIB): $(SHIM_OBJ) $(CORE_A)
+	$(CC) -shared -Wl,-soname,libflexshim.so -Wl,-z,defs -Wl,-rpath,'$$ORIGIN' $(LDFLAGS) \
+	    -o $@ $(SHIM_OBJ) $(CORE_A) $(LDLIBS)
+
+$(TOOL): $(TOOL_OBJ) $(CORE_A)
+	$(CC) $(LDFLAGS) -Wl,-rpath,'$$ORIGIN/../lib' -o $@ $(TOOL_OBJ) $(CORE_A) $(LDLIBS)
+
+# ---- tests ---------------------------------------------------------------------------------
+$(BUILD)/tests/%: tests/unit/%.c $(CORE_A) tests/unit/test_util.h
+	@mkdir -p $(@D)
+	$(CC) $(CFLAGS) -Itests/unit $(LDFLAGS) -o $@ $< $(CORE_A) -lcmocka $(LDLIBS)
+
+# A stand-in for libcudart (soname libcudart.so.13): lets preload tests run with no GPU.
+$(FAKE_CUDART): tests/preload/fake_cudart.c
+	@mkdir -p $(@D)
+	$(CC) $(CFLAGS) -fvisibility=default -shared -Wl,-soname,libcudart.so.13 -o $@ $<
+	ln -sf libcudart.so.13 $(@D)/libcudart.so
+
+$(BUILD)/tests/preload/%: tests/preload/%.c $(FAKE_CUDART)
+	@mkdir -p $(@D)
+	$(CC) $(CFLAGS) -o $@ $< -L$(BUILD)/tests/fake -lcudart -Wl,-rpath,'$$ORIGIN/../fake'
+
+test-unit: $(UNIT_BIN)
+	BUILD=$(BUILD) SAN=$(SAN) tests/run_unit.sh $(UNIT_BIN)
+
+test-preload: $(LIB) $(TOOL) $(PRELOAD_PROGS)
+	BUILD=$(BUILD) SAN=$(SAN) tests/preload/run.sh
+
+# Everything that runs without a GPU: plain build, then ASan+UBSan, then valgrind on the
+# simulated-device tests. tests/gpu/ needs the GPU machine (tests/gpu/run.sh).
+test:
+	$(MAKE) test-unit test-preload
+	$(MAKE) BUILD=build/asan SAN=1 test-unit test-preload
+	$(MAKE) test-valgrind
+	@echo "tests/gpu: skipped here (no GPU); run tests/gpu/run.sh on the GPU machine"
+
+test-valgrind: $(UNIT_BIN)
+	BUILD=$(BUILD) tests/run_unit.sh --valgrind $(UNIT_BIN)
+
+# ---- bundle for the GPU machine and installation -------------------------------------------
+dist: all
+	rm -rf dist && mkdir -p dist/lib dist/bin dist/etc dist/include
+	cp $(LIB) dist/lib/
+	cp $(TOOL) dist/bin/
+	cp conf/flexshim.ini dist/etc/
+	cp shim/flexshim.h dist/include/
+	for l in $$(ldd $(LIB) | awk '/libinih|libjansson/ {print $$3}'); do cp -L $$l dist/lib/; done
+	@echo "dist/: $$(ls dist/lib dist/bin | tr '\n' ' ')"
+
+install: all
+	install -d $(DESTDIR)$(PREFIX)/lib $(DESTDIR)$(PREFIX)/bin $(DESTDIR)$(PREFIX)/etc/flexshim \
+	    $(DESTDIR)$(PREFIX)/include
+	install -m 755 $(LIB) $(DESTDIR)$(PREFIX)/lib/
+	install -m 755 $(TOOL) $(DESTDIR)$(PREFIX)/bin/
+	install -m 644 conf/flexshim.ini $(DESTDIR)$(PREFIX)/etc/flexshim/
+	install -m 644 shim/flexshim.h $(DESTDIR)$(PREFIX)/include/
+
+clean:
+	rm -rf build dist

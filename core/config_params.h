@@ -1,0 +1,49 @@
+/* THE parameter table: the only place a setting is declared.
+ *
+ * Each row: FS_PARAM(NAME, TYPE, DEFAULT, MIN, MAX, CHOICES, DOC)
+ *   NAME     the setting; environment variable FLEXTENSOR_<NAME>, INI key <name> (lower case) in
+ *            the [flexshim] section, enum constant FS_P_<NAME>.
+ *   TYPE     FS_PT_BOOL, FS_PT_INT, FS_PT_SIZE (bytes with units), FS_PT_SIZE_PCT (bytes or a
+ *            percentage of the device's memory), FS_PT_ENUM, FS_PT_STRING.
+ *   DEFAULT  the built-in value, written as a user would write it.
+ *   MIN/MAX  bounds for INT and SIZE types (bytes); ignored otherwise.
+ *   CHOICES  "a|b|c" for FS_PT_ENUM; the value is the index into this list.
+ *   DOC      one line for --dump and conf/flexshim.ini.
+ *
+ * Validation, the environment and INI readers, `flexshim-profile config --dump` and the generated
+ * conf/flexshim.ini all iterate over this table. Add a row here and nowhere else. */
+
+#define FS_KIB (1024ull)
+#define FS_MIB (1024ull * FS_KIB)
+#define FS_GIB (1024ull * FS_MIB)
+#define FS_TIB (1024ull * FS_GIB)
+
+/* clang-format off */
+#define FS_PARAM_TABLE(FS_PARAM)                                                                   \
+FS_PARAM(ENABLED, FS_PT_BOOL, "1", 0, 1, NULL,                                                     \
+    "Master switch; 0 passes every CUDA call straight through, unmanaged.")                        \
+FS_PARAM(GPU_MEMORY_LIMIT, FS_PT_SIZE_PCT, "100%", 64 * FS_MIB, 64 * FS_TIB, NULL,                 \
+    "Device memory that managed allocations may hold: bytes (8GiB, 512MB) or percent of the device (60%).") \
+FS_PARAM(STRATEGY, FS_PT_ENUM, "adaptive", 0, 0, "adaptive|knapsack|greedy|global",                \
+    "Planner that decides which allocations stay resident.")                                       \
+FS_PARAM(PROFILE, FS_PT_STRING, "", 0, 0, NULL,                                                    \
+    "Profile to start from (skips discovery and profiling when it matches the program).")          \
+FS_PARAM(PROFILE_OUT, FS_PT_STRING, "", 0, 0, NULL,                                                \
+    "Where to save the profile once planning is done (empty: do not save).")                       \
+FS_PARAM(DISCOVERY_ITERS, FS_PT_INT, "1", 1, 1000, NULL,                                           \
+    "Iterations recorded to learn allocations and launches before profiling.")                     \
+FS_PARAM(PROFILING_ITERS, FS_PT_INT, "5", 0, 10000, NULL,                                          \
+    "Iterations timed (kernels, transfers) before the plan is made; medians are kept.")            \
+FS_PARAM(LOG_LEVEL, FS_PT_ENUM, "warn", 0, 0, "error|warn|info|debug|trace",                       \
+    "Least severe message that is written.")                                                       \
+FS_PARAM(LOG_FILE, FS_PT_STRING, "", 0, 0, NULL,                                                   \
+    "File the log is appended to (empty: stderr).")                                                \
+FS_PARAM(DEVICE, FS_PT_INT, "0", 0, 63, NULL,                                                      \
+    "CUDA device ordinal whose allocations are managed; others pass through.")                     \
+FS_PARAM(PIN_MODE, FS_PT_ENUM, "background", 0, 0, "background|on_demand",                        \
+    "Pinned host pool: grown ahead of need on a background thread, or only when an eviction needs it.") \
+FS_PARAM(MIN_OFFLOAD_BYTES, FS_PT_SIZE, "8MiB", 0, 64 * FS_TIB, NULL,                              \
+    "Allocations smaller than this pass through and always stay on the device.")                   \
+FS_PARAM(TIMING_REPORT, FS_PT_STRING, "", 0, 0, NULL,                                              \
+    "Write the timing report at exit to this file ('-' for the log; empty: off).")
+/* clang-format on */

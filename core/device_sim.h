@@ -1,0 +1,96 @@
+/* The simulated device: host memory standing in for device and pinned host memory, streams as
+ * ordered queues on a modelled clock, events, a configurable capacity, and failure injection.
+ *
+ * Time is virtual. Every queued operation gets a start time (after the previous operation on its
+ * stream, after the events it waits for, after the engine it uses frees up, and no earlier than
+ * the current clock) and a duration (copies: size / bandwidth of their direction plus a fixed
+ * latency; kernels: the duration given at launch). The clock moves forward only when the host
+ * waits (stream_sync, event_sync, ctx_sync) or calls fs_sim_advance; an operation's effect on
+ * memory (the copy, the kernel's function) happens when the clock passes its end, in end order.
+ *
+ * Invariant checks: an operation that touches a VA range that is not mapped when it executes
+ * makes the context sticky-failed (as an illegal address does on a real GPU): every later call
+ * returns FS_ERR_STICKY and fs_sim_stats.illegal_accesses counts it. Unmapping a range that a
+ * not-yet-executed operation touches is counted in fs_sim_stats.unsafe_unmaps and is also an
+ * illegal access. */
+#ifndef FS_DEVICE_SIM_H
+#define FS_DEVICE_SIM_H
+
+#include "device.h"
+
+/* Device operations that can be made to fail, for failure-injection tests. */
+enum fs_sim_op {
+    FS_SIM_OP_PHYS_CREATE,
+    FS_SIM_OP_PHYS_RELEASE,
+    FS_SIM_OP_VA_RESERVE,
+    FS_SIM_OP_VA_RELEASE,
+    FS_SIM_OP_MAP,
+    FS_SIM_OP_UNMAP,
+    FS_SIM_OP_STREAM_CREATE,
+    FS_SIM_OP_COPY,
+    FS_SIM_OP_EVENT_CREATE,
+    FS_SIM_OP_EVENT_RECORD,
+    FS_SIM_OP_EVENT_SYNC,
+    FS_SIM_OP_STREAM_WAIT,
+    FS_SIM_OP_SYNC,
+    FS_SIM_OP_COUNT
+};
+
+struct fs_sim_config {
+    uint64_t device_bytes;    /* device memory capacity (physical, FS_LOC_DEVICE) */
+    uint64_t host_bytes;      /* pinned host capacity (FS_LOC_HOST); 0 = unlimited */
+    uint64_t granularity;     /* default 2 MiB */
+    double h2d_bytes_per_s;   /* default 55e9 */
+    double d2h_bytes_per_s;   /* default 55e9 */
+    double d2d_bytes_per_s;   /* default 2e12 */
+    uint64_t copy_latency_ns; /* fixed cost per copy, default 2000 */
+    bool host_phys_supported; /* default true */
+};
+
+struct fs_sim_stats {
+    uint64_t device_bytes_in_use;
+    uint64_t host_bytes_in_use;
+    uint64_t peak_device_bytes;
+    uint64_t maps, unmaps, copies, kernels;
+    uint64_t bytes_h2d, bytes_d2h, bytes_d2d;
+    uint64_t illegal_accesses;
+    uint64_t unsafe_unmaps;
+    uint64_t live_phys, live_va_ranges, live_streams, live_events; /* leak checks */
+};
+
+/* A simulated kernel: FN runs when the kernel completes on the clock, with host pointers for the
+ * device addresses it was launched with (translated through the mappings at that moment). */
+typedef void (*fs_sim_kernel_fn)(void *ctx, void *const *ptrs, int nptrs);
+
+#define FS_SIM_MAX_KERNEL_PTRS 16
+
+/* A NULL config takes every default (8 GiB device). */
+int fs_sim_open(const struct fs_sim_config *cfg, struct fs_device **out);
+
+/* The program's own streams, as the engine would see them (CUstream handles on the GPU). */
+int fs_sim_stream_create(struct fs_device *dev, fs_stream *out);
+
+/* Queue a kernel on STREAM that touches the NPTRS ranges [ptrs[i], ptrs[i] + sizes[i]) for
+ * DURATION_NS; FN may be NULL for a kernel that only takes time. */
+int fs_sim_launch(struct fs_device *dev, fs_stream stream, uint64_t duration_ns,
+                  const fs_dptr *ptrs, const uint64_t *sizes, int nptrs, fs_sim_kernel_fn fn,
+                  void *ctx);
+
+/* Write or read device memory from the host, synchronously, bypassing the clock (test set-up
+ * and checks). The range must be mapped. */
+int fs_sim_write(struct fs_device *dev, fs_dptr dst, const void *src, uint64_t size);
+int fs_sim_read(struct fs_device *dev, void *dst, fs_dptr src, uint64_t size);
+
+/* Where the range is mapped now: FS_LOC_DEVICE or FS_LOC_HOST; FS_ERR_NOT_FOUND if unmapped. */
+int fs_sim_location(struct fs_device *dev, fs_dptr va, enum fs_mem_loc *loc);
+
+/* Make the Nth call (1 = the next one) of OP fail with ERR. N = 0 disarms. */
+void fs_sim_fail_nth(struct fs_device *dev, enum fs_sim_op op, uint64_t nth, int err);
+
+/* Move the clock forward by NS, completing whatever finishes by then. */
+void fs_sim_advance(struct fs_device *dev, uint64_t ns);
+uint64_t fs_sim_now_ns(struct fs_device *dev);
+
+void fs_sim_get_stats(struct fs_device *dev, struct fs_sim_stats *out);
+
+#endif

@@ -1,0 +1,18 @@
+#include "fs.h"
+
+const char *fs_err_str(int err)
+{
+    switch (err) {
+    case FS_OK: return "ok";
+    case FS_ERR_INVALID: return "invalid argument";
+    case FS_ERR_NOMEM: return "out of memory";
+    case FS_ERR_NOT_READY: return "not ready";
+    case FS_ERR_DEVICE: return "device error";
+    case FS_ERR_UNSUPPORTED: return "not supported";
+    case FS_ERR_NOT_FOUND: return "not found";
+    case FS_ERR_IO: return "input/output error";
+    case FS_ERR_CONFIG: return "invalid configuration";
+    case FS_ERR_STICKY: return "device context failed (illegal address)";
+    default: return "unknown error";
+    }
+}

@@ -1,0 +1,33 @@
+/* Common definitions shared by every flexshim source file: error codes, visibility, helpers. */
+#ifndef FS_FS_H
+#define FS_FS_H
+
+#include <stddef.h>
+#include <stdint.h>
+
+/* Everything is hidden by default (-fvisibility=hidden); only the intercepted CUDA entry points
+ * and the public flexshim_* API carry FS_EXPORT. tests/preload/test_exports.sh checks this. */
+#define FS_EXPORT __attribute__((visibility("default")))
+
+#define FS_ARRAY_LEN(a) (sizeof(a) / sizeof((a)[0]))
+#define FS_LIKELY(x) __builtin_expect(!!(x), 1)
+#define FS_UNLIKELY(x) __builtin_expect(!!(x), 0)
+
+/* Internal result codes. Device implementations translate their native errors into these and
+ * keep the native code for the log (fs_device_last_native_error). */
+enum fs_err {
+    FS_OK = 0,
+    FS_ERR_INVALID = -1,     /* bad argument or state */
+    FS_ERR_NOMEM = -2,       /* out of device or host memory */
+    FS_ERR_NOT_READY = -3,   /* an event or stream has not completed yet (not a failure) */
+    FS_ERR_DEVICE = -4,      /* the device or driver failed */
+    FS_ERR_UNSUPPORTED = -5, /* the operation is not available here */
+    FS_ERR_NOT_FOUND = -6,   /* no such object (pointer, file, key) */
+    FS_ERR_IO = -7,          /* a file could not be read or written */
+    FS_ERR_CONFIG = -8,      /* the configuration is invalid */
+    FS_ERR_STICKY = -9,      /* the context is dead (an illegal address was touched) */
+};
+
+const char *fs_err_str(int err);
+
+#endif
