@@ -11,7 +11,7 @@ SAN       ?=
 WARN    := -Wall -Wextra -Werror -Wshadow -Wstrict-prototypes -Wmissing-prototypes
 CFLAGS  ?= -O2 -g
 CFLAGS  += -std=c11 -D_GNU_SOURCE $(WARN) -fPIC -fvisibility=hidden -pthread \
-           -I. -Icore -I$(CUDA_HOME)/include
+           -I. -Icore -Ishim -I$(CUDA_HOME)/include
 LDLIBS  := -linih -ljansson -ldl -lpthread -lm
 
 ifeq ($(SAN),1)
@@ -34,7 +34,13 @@ LIB  := $(BUILD)/libflexshim.so
 CORE_A := $(BUILD)/libflexshim_core.a
 TOOL := $(BUILD)/flexshim-profile
 
-.PHONY: all test test-unit test-preload test-asan test-valgrind dist install clean gpu-build
+.DEFAULT_GOAL := all
+
+# Debian packages and the CUDA toolkit check (tools/install-deps.sh).
+deps:
+	tools/install-deps.sh
+
+.PHONY: deps all test test-unit test-preload test-asan test-valgrind dist install clean gpu-build
 all: $(LIB) $(TOOL)
 
 $(BUILD)/%.o: %.c $(wildcard core/*.h shim/*.h strategies/*.h)

@@ -25,7 +25,8 @@
     X(cuEventCreate) X(cuEventDestroy) X(cuEventRecord) X(cuEventQuery) \
     X(cuEventSynchronize) X(cuEventElapsedTime) \
     X(cuPointerGetAttribute) X(cuPointerGetAttributes) \
-    X(cuFuncGetParamInfo) X(cuKernelGetParamInfo) X(cuFuncGetName)
+    X(cuFuncGetParamInfo) X(cuKernelGetParamInfo) X(cuFuncGetName) \
+    X(cuMemcpyHtoD) X(cuMemcpyDtoH) X(cuMemsetD32)
 
 #define FS_CUPTI_FUNCS(X) \
     X(cuptiSubscribe) X(cuptiUnsubscribe) X(cuptiEnableCallback) X(cuptiEnableDomain) \

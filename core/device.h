@@ -50,11 +50,13 @@ struct fs_device_ops {
     int (*va_reserve)(struct fs_device *dev, uint64_t size, fs_dptr *out);
     int (*va_release)(struct fs_device *dev, fs_dptr va, uint64_t size);
 
-    /* Map SIZE bytes of PHYS starting at PHYS_OFFSET at VA and make them readable and writable
-     * by the device (map + set access in CUDA terms). */
+    /* Map PHYS at VA and make it readable and writable by the device (map + set access in CUDA
+     * terms). The driver maps only whole physical allocations: SIZE must be PHYS's size and
+     * PHYS_OFFSET 0 (FS_ERR_UNSUPPORTED otherwise, on the GPU and in the simulator alike). */
     int (*map)(struct fs_device *dev, fs_dptr va, uint64_t size, fs_phys phys,
                uint64_t phys_offset);
-    /* Unmap. The caller guarantees the range is quiet (no queued work touches it). */
+    /* Unmap exactly what one map call mapped. The caller guarantees the range is quiet (no
+     * queued work touches it). */
     int (*unmap)(struct fs_device *dev, fs_dptr va, uint64_t size);
 
     /* Streams the engine owns (prefetch, write-back). Non-blocking with respect to the legacy
@@ -79,6 +81,14 @@ struct fs_device_ops {
     /* Milliseconds between two completed events. */
     int (*event_elapsed_ms)(struct fs_device *dev, fs_event start, fs_event end, float *ms);
 
+    /* Whether work is being captured into a graph on STREAM (nothing may synchronize then). */
+    int (*stream_capturing)(struct fs_device *dev, fs_stream stream, bool *capturing);
+
+    /* Byte offset and size of each parameter of kernel FUNC (the CUfunction or CUkernel handle a
+     * launch names), at most MAX of them; their count in *N. FS_ERR_UNSUPPORTED: unknown. */
+    int (*param_layout)(struct fs_device *dev, const void *func, uint32_t *offsets,
+                        uint32_t *sizes, int max, int *n);
+
     /* Wait for all work on the device (every stream, the program's too). */
     int (*ctx_sync)(struct fs_device *dev);
 
@@ -102,6 +112,6 @@ struct fs_device {
 int fs_device_cuda_open(int ordinal, struct fs_device **out);
 
 /* Convenience wrappers so call sites read as verbs. */
-#define fs_dev_call(dev, op, ...) ((dev)->ops->op((dev), __VA_ARGS__))
+#define fs_dev_call(dev, op, ...) ((dev)->ops->op((dev), ##__VA_ARGS__))
 
 #endif

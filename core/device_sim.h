@@ -59,12 +59,15 @@ struct fs_sim_stats {
 };
 
 /* A simulated kernel: FN runs when the kernel completes on the clock, with host pointers for the
- * device addresses it was launched with (translated through the mappings at that moment). */
+ * device addresses it was launched with (translated through the mappings at that moment). FN runs
+ * with the simulator locked, on whichever thread moved the clock: it must not call the device. */
 typedef void (*fs_sim_kernel_fn)(void *ctx, void *const *ptrs, int nptrs);
 
 #define FS_SIM_MAX_KERNEL_PTRS 16
 
-/* A NULL config takes every default (8 GiB device). */
+/* A NULL config takes every default (8 GiB device). In a given config, zero device_bytes,
+ * granularity or bandwidths take the default too; FS_ERR_CONFIG if granularity is not a power of
+ * two. */
 int fs_sim_open(const struct fs_sim_config *cfg, struct fs_device **out);
 
 /* The program's own streams, as the engine would see them (CUstream handles on the GPU). */

@@ -1,0 +1,637 @@
+#include "residency.h"
+
+#include <sched.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "log.h"
+
+#define LOAD(p) __atomic_load_n((p), __ATOMIC_ACQUIRE)
+#define STORE(p, v) __atomic_store_n((p), (v), __ATOMIC_RELEASE)
+#define STAT(res, field, n) ((res)->stats.field += (n)) /* under res->lock */
+
+static uint64_t round_up(uint64_t v, uint64_t g)
+{
+    return (v + g - 1) / g * g;
+}
+
+/* ---- shared events ------------------------------------------------------------------------ */
+
+static struct fs_shared_event *event_get(struct fs_residency *res)
+{
+    pthread_mutex_lock(&res->ev_lock);
+    struct fs_shared_event *e = res->free_events;
+    if (e)
+        res->free_events = e->next_free;
+    pthread_mutex_unlock(&res->ev_lock);
+    if (e)
+        return e;
+    e = calloc(1, sizeof(*e));
+    if (!e)
+        return NULL;
+    if (fs_dev_call(res->dev, event_create, false, &e->ev) != FS_OK) {
+        free(e);
+        return NULL;
+    }
+    return e;
+}
+
+static void event_put(struct fs_residency *res, struct fs_shared_event *e)
+{
+    if (!e || __atomic_sub_fetch(&e->refs, 1, __ATOMIC_ACQ_REL) != 0)
+        return;
+    pthread_mutex_lock(&res->ev_lock);
+    e->next_free = res->free_events;
+    res->free_events = e;
+    pthread_mutex_unlock(&res->ev_lock);
+}
+
+static void events_destroy(struct fs_residency *res)
+{
+    while (res->free_events) {
+        struct fs_shared_event *e = res->free_events;
+        res->free_events = e->next_free;
+        fs_dev_call(res->dev, event_destroy, e->ev);
+        free(e);
+    }
+}
+
+/* ---- background pinning --------------------------------------------------------------------- */
+
+/* Bytes the budget will push to host that have no host block yet (lock held). */
+static uint64_t host_deficit(struct fs_residency *res)
+{
+    uint64_t live = res->stats.bytes_live;
+    uint64_t over = live > res->budget ? live - res->budget : 0;
+    uint64_t have = res->host_backed_bytes + res->host_pool.free_bytes;
+    return over > have ? over - have : 0;
+}
+
+/* The coldest resident allocation without a host block (lock held). */
+static struct fs_alloc *pick_unbacked(struct fs_residency *res)
+{
+    struct fs_alloc *best = NULL;
+    for (int i = 0; i < res->nallocs; i++) {
+        struct fs_alloc *a = res->allocs[i];
+        if (a->host || LOAD(&a->state) != FS_RES_DEVICE)
+            continue;
+        if (!best || LOAD(&a->last_tick) < LOAD(&best->last_tick))
+            best = a;
+    }
+    return best;
+}
+
+static struct fs_alloc *find_by_id(struct fs_residency *res, uint64_t id)
+{
+    for (int i = 0; i < res->nallocs; i++)
+        if (res->allocs[i]->id == id)
+            return res->allocs[i];
+    return NULL;
+}
+
+static void attach_host(struct fs_residency *res, struct fs_alloc *a, struct fs_block *b)
+{
+    a->host = b;
+    res->host_backed_bytes += b->size;
+}
+
+static void *pinner_main(void *arg)
+{
+    struct fs_residency *res = arg;
+    fs_dev_call(res->dev, bind_thread);
+    pthread_mutex_lock(&res->lock);
+    while (!res->pinner_stop) {
+        struct fs_alloc *a = host_deficit(res) > 0 ? pick_unbacked(res) : NULL;
+        if (!a) {
+            pthread_cond_wait(&res->pinner_wake, &res->lock);
+            continue;
+        }
+        uint64_t id = a->id, size = a->mapped;
+        pthread_mutex_unlock(&res->lock);
+        struct fs_block *b;
+        int rc = fs_phys_block_create(res->dev, FS_LOC_HOST, size, &b); /* slow: no lock */
+        pthread_mutex_lock(&res->lock);
+        if (rc != FS_OK) {
+            FS_WARN("pinning %llu bytes of host memory in the background failed (%s); evictions "
+                    "pin on demand", (unsigned long long)size, fs_err_str(rc));
+            break;
+        }
+        fs_phys_pool_adopt(&res->host_pool, b);
+        a = find_by_id(res, id); /* it may have been freed or evicted meanwhile */
+        if (a && !a->host)
+            attach_host(res, a, b);
+        else
+            fs_phys_pool_put(&res->host_pool, b);
+    }
+    pthread_mutex_unlock(&res->lock);
+    return NULL;
+}
+
+/* Wake the pinner when the budget leaves allocations without host memory (lock held). */
+static void update_host_target(struct fs_residency *res)
+{
+    if (res->pinner_started && host_deficit(res) > 0)
+        pthread_cond_signal(&res->pinner_wake);
+}
+
+/* ---- init and teardown ---------------------------------------------------------------------- */
+
+int fs_res_init(struct fs_residency *res, struct fs_device *dev, const struct fs_res_config *cfg)
+{
+    memset(res, 0, sizeof(*res));
+    res->dev = dev;
+    res->budget = cfg->budget;
+    uint64_t g = dev->props.granularity;
+    int rc = fs_va_space_init(&res->vs, dev, cfg->va_space_bytes, 64 * g);
+    if (rc != FS_OK)
+        return rc;
+    fs_phys_pool_init(&res->dev_pool, dev, FS_LOC_DEVICE);
+    fs_phys_pool_init(&res->host_pool, dev, FS_LOC_HOST);
+    rc = fs_dev_call(dev, stream_create, &res->h2d);
+    if (rc != FS_OK)
+        goto fail_pools;
+    rc = fs_dev_call(dev, stream_create, &res->d2h);
+    if (rc != FS_OK)
+        goto fail_h2d;
+    pthread_mutex_init(&res->lock, NULL);
+    pthread_mutex_init(&res->ev_lock, NULL);
+    pthread_cond_init(&res->moved, NULL);
+    pthread_cond_init(&res->pinner_wake, NULL);
+    res->epoch = 1;
+    if (cfg->background_pinning) {
+        if (pthread_create(&res->pinner, NULL, pinner_main, res) == 0)
+            res->pinner_started = true;
+        else
+            FS_WARN("cannot start the background pinning thread; host memory is pinned on demand");
+    }
+    return FS_OK;
+fail_h2d:
+    fs_dev_call(dev, stream_destroy, res->h2d);
+fail_pools:
+    fs_phys_pool_destroy(&res->host_pool);
+    fs_phys_pool_destroy(&res->dev_pool);
+    fs_va_space_destroy(&res->vs);
+    return rc;
+}
+
+static void alloc_release_memory(struct fs_residency *res, struct fs_alloc *a)
+{
+    int rc = fs_dev_call(res->dev, unmap, a->va, a->mapped);
+    if (rc != FS_OK)
+        FS_WARN("unmapping a freed allocation failed (%s)", fs_err_str(rc));
+    fs_phys_pool_put(&res->dev_pool, a->dev);
+    fs_phys_pool_put(&res->host_pool, a->host);
+    if (a->host)
+        res->host_backed_bytes -= a->host->size;
+    a->dev = a->host = NULL;
+    fs_va_space_set_owner(&res->vs, a->va, a->mapped, NULL);
+    fs_va_space_free(&res->vs, a->va, a->mapped);
+    event_put(res, a->last_use);
+    a->last_use = NULL;
+}
+
+void fs_res_destroy(struct fs_residency *res)
+{
+    if (!res->dev)
+        return;
+    if (res->pinner_started) {
+        pthread_mutex_lock(&res->lock);
+        res->pinner_stop = true;
+        pthread_cond_signal(&res->pinner_wake);
+        pthread_mutex_unlock(&res->lock);
+        pthread_join(res->pinner, NULL);
+    }
+    fs_dev_call(res->dev, ctx_sync);
+    for (int i = 0; i < res->nallocs; i++) {
+        alloc_release_memory(res, res->allocs[i]);
+        free(res->allocs[i]);
+    }
+    free(res->allocs);
+    events_destroy(res);
+    fs_dev_call(res->dev, stream_destroy, res->h2d);
+    fs_dev_call(res->dev, stream_destroy, res->d2h);
+    fs_phys_pool_destroy(&res->host_pool);
+    fs_phys_pool_destroy(&res->dev_pool);
+    fs_va_space_destroy(&res->vs);
+    pthread_cond_destroy(&res->pinner_wake);
+    pthread_cond_destroy(&res->moved);
+    pthread_mutex_destroy(&res->ev_lock);
+    pthread_mutex_destroy(&res->lock);
+    memset(res, 0, sizeof(*res));
+}
+
+/* ---- the quiet-range rule ------------------------------------------------------------------- */
+
+/* Mark A as moving; fails (FS_ERR_NOT_READY) if a launch holds it. Pairs with the hold in
+ * fs_res_launch_begin: each side writes, then reads the other's variable, both sequentially
+ * consistent, so at least one of them sees the other. Lock held. */
+static int begin_move(struct fs_alloc *a)
+{
+    int old = LOAD(&a->state);
+    __atomic_store_n(&a->state, FS_RES_MOVING, __ATOMIC_SEQ_CST);
+    if (__atomic_load_n(&a->inflight, __ATOMIC_SEQ_CST) != 0) {
+        STORE(&a->state, old);
+        return FS_ERR_NOT_READY;
+    }
+    return FS_OK;
+}
+
+static void end_move(struct fs_residency *res, struct fs_alloc *a, int state)
+{
+    STORE(&a->state, state);
+    pthread_cond_broadcast(&res->moved);
+}
+
+/* Wait until no launch that may touch A is queued or running (lock held, A moving). */
+static int wait_quiet(struct fs_residency *res, struct fs_alloc *a)
+{
+    uint64_t epoch = LOAD(&res->epoch);
+    if (LOAD(&a->touch_epoch) < epoch && LOAD(&res->unknown_epoch) < epoch)
+        return FS_OK; /* untouched since the last full synchronize */
+    struct fs_shared_event *e = a->last_use;
+    if (LOAD(&res->unknown_epoch) < epoch && e && a->event_tick >= LOAD(&a->last_tick))
+        return fs_dev_call(res->dev, event_sync, e->ev);
+    STAT(res, quiesce_syncs, 1);
+    int rc = fs_dev_call(res->dev, ctx_sync);
+    if (rc == FS_OK)
+        STORE(&res->epoch, epoch + 1);
+    return rc;
+}
+
+/* Replace A's mapping FROM by TO; on failure map FROM again so the VA stays mapped. */
+static int remap(struct fs_residency *res, struct fs_alloc *a, struct fs_block *from,
+                 struct fs_block *to)
+{
+    int rc = fs_dev_call(res->dev, unmap, a->va, a->mapped);
+    if (rc != FS_OK)
+        return rc;
+    rc = fs_dev_call(res->dev, map, a->va, a->mapped, to->phys, 0);
+    if (rc == FS_OK)
+        return FS_OK;
+    if (fs_dev_call(res->dev, map, a->va, a->mapped, from->phys, 0) != FS_OK)
+        FS_ERROR("allocation %llu (%llu bytes at 0x%llx) could not be mapped again after a failed "
+                 "remap; a kernel touching it will fail",
+                 (unsigned long long)a->id, (unsigned long long)a->size,
+                 (unsigned long long)a->va);
+    return rc;
+}
+
+/* ---- eviction and fault-in (lock held) ------------------------------------------------------ */
+
+static int evict_locked(struct fs_residency *res, struct fs_alloc *a)
+{
+    if (LOAD(&a->state) != FS_RES_DEVICE)
+        return FS_ERR_INVALID;
+    int rc = begin_move(a);
+    if (rc != FS_OK)
+        return rc;
+    if (!a->host) {
+        struct fs_block *b;
+        rc = fs_phys_pool_get(&res->host_pool, a->mapped, true, &b);
+        if (rc != FS_OK)
+            goto fail;
+        attach_host(res, a, b);
+    }
+    rc = wait_quiet(res, a);
+    if (rc == FS_OK)
+        rc = fs_block_copy(res->dev, a->host, a->va, a->mapped, true, res->d2h);
+    if (rc == FS_OK)
+        rc = fs_dev_call(res->dev, stream_sync, res->d2h);
+    if (rc == FS_OK)
+        rc = remap(res, a, a->dev, a->host);
+    if (rc != FS_OK)
+        goto fail;
+    fs_phys_pool_put(&res->dev_pool, a->dev);
+    a->dev = NULL;
+    STAT(res, evictions, 1);
+    STAT(res, evicted_bytes, a->mapped);
+    STORE(&res->pressure, 1);
+    end_move(res, a, FS_RES_HOST);
+    return FS_OK;
+fail:
+    STAT(res, failures, 1);
+    FS_WARN("evicting allocation %llu (%llu bytes) failed (%s); it stays on the device",
+            (unsigned long long)a->id, (unsigned long long)a->size, fs_err_str(rc));
+    end_move(res, a, FS_RES_DEVICE);
+    return rc;
+}
+
+static bool in_list(const struct fs_alloc *a, struct fs_alloc *const *list, int n)
+{
+    for (int i = 0; i < n; i++)
+        if (list[i] == a)
+            return true;
+    return false;
+}
+
+/* The least recently used resident allocation that may be evicted, or NULL. */
+static struct fs_alloc *pick_victim(struct fs_residency *res, struct fs_alloc *const *keep,
+                                    int nkeep)
+{
+    struct fs_alloc *best = NULL;
+    for (int i = 0; i < res->nallocs; i++) {
+        struct fs_alloc *a = res->allocs[i];
+        if (LOAD(&a->state) != FS_RES_DEVICE || LOAD(&a->inflight) != 0 ||
+            in_list(a, keep, nkeep))
+            continue;
+        if (!best || LOAD(&a->last_tick) < LOAD(&best->last_tick))
+            best = a;
+    }
+    return best;
+}
+
+/* Device memory for NEED bytes within the budget, evicting least recently used allocations not
+ * in KEEP. On success *GROW says whether the pool must create memory for it. */
+static int make_room(struct fs_residency *res, uint64_t need, struct fs_alloc *const *keep,
+                     int nkeep, bool *grow)
+{
+    for (int attempts = 0; attempts < 1 + res->nallocs; attempts++) {
+        uint64_t held = fs_phys_pool_held(&res->dev_pool);
+        if (fs_phys_pool_has(&res->dev_pool, need)) {
+            *grow = false;
+            return FS_OK;
+        }
+        if (held + need <= res->budget) {
+            *grow = true;
+            return FS_OK;
+        }
+        if (fs_phys_pool_trim(&res->dev_pool, held + need - res->budget) > 0)
+            continue;
+        struct fs_alloc *victim = pick_victim(res, keep, nkeep);
+        if (!victim)
+            return FS_ERR_NOMEM;
+        int rc = evict_locked(res, victim);
+        if (rc != FS_OK && rc != FS_ERR_NOT_READY)
+            return rc;
+    }
+    return FS_ERR_NOMEM;
+}
+
+static int fault_in_locked(struct fs_residency *res, struct fs_alloc *a,
+                           struct fs_alloc *const *keep, int nkeep)
+{
+    if (LOAD(&a->state) != FS_RES_HOST)
+        return LOAD(&a->state) == FS_RES_DEVICE ? FS_OK : FS_ERR_INVALID;
+    bool grow;
+    int rc = make_room(res, a->mapped, keep, nkeep, &grow);
+    if (rc != FS_OK)
+        return rc;
+    rc = fs_phys_pool_get(&res->dev_pool, a->mapped, grow, &a->dev);
+    if (rc != FS_OK)
+        return rc;
+    /* Launches reading A from host may still be queued: they must finish before the remap. */
+    while ((rc = begin_move(a)) == FS_ERR_NOT_READY)
+        sched_yield();
+    rc = wait_quiet(res, a);
+    if (rc == FS_OK)
+        rc = fs_block_copy(res->dev, a->dev, a->va, a->mapped, true, res->h2d);
+    if (rc == FS_OK)
+        rc = fs_dev_call(res->dev, stream_sync, res->h2d);
+    if (rc == FS_OK)
+        rc = remap(res, a, a->host, a->dev);
+    if (rc != FS_OK) {
+        fs_phys_pool_put(&res->dev_pool, a->dev);
+        a->dev = NULL;
+        STAT(res, failures, 1);
+        FS_WARN("bringing allocation %llu (%llu bytes) back to the device failed (%s); it is "
+                "read from host memory", (unsigned long long)a->id, (unsigned long long)a->size,
+                fs_err_str(rc));
+        end_move(res, a, FS_RES_HOST);
+        return rc;
+    }
+    end_move(res, a, FS_RES_DEVICE);
+    return FS_OK;
+}
+
+/* ---- allocations ---------------------------------------------------------------------------- */
+
+static int list_add(struct fs_residency *res, struct fs_alloc *a)
+{
+    if (res->nallocs == res->cap_allocs) {
+        int cap = res->cap_allocs ? res->cap_allocs * 2 : 64;
+        struct fs_alloc **grown = realloc(res->allocs, (size_t)cap * sizeof(*grown));
+        if (!grown)
+            return FS_ERR_NOMEM;
+        res->allocs = grown;
+        res->cap_allocs = cap;
+    }
+    a->index = res->nallocs;
+    res->allocs[res->nallocs++] = a;
+    return FS_OK;
+}
+
+static void list_remove(struct fs_residency *res, struct fs_alloc *a)
+{
+    struct fs_alloc *last = res->allocs[--res->nallocs];
+    res->allocs[a->index] = last;
+    last->index = a->index;
+}
+
+int fs_res_alloc(struct fs_residency *res, uint64_t size, fs_dptr *out)
+{
+    if (size == 0)
+        return FS_ERR_INVALID;
+    struct fs_alloc *a = calloc(1, sizeof(*a));
+    if (!a)
+        return FS_ERR_NOMEM;
+    a->size = size;
+    a->mapped = round_up(size, res->dev->props.granularity);
+    int rc = fs_va_space_alloc(&res->vs, a->mapped, &a->va);
+    if (rc != FS_OK) {
+        free(a);
+        return rc;
+    }
+    pthread_mutex_lock(&res->lock);
+    bool grow;
+    struct fs_block *b = NULL;
+    rc = make_room(res, a->mapped, NULL, 0, &grow);
+    if (rc == FS_OK)
+        rc = fs_phys_pool_get(&res->dev_pool, a->mapped, grow, &b);
+    if (rc == FS_OK) {
+        rc = fs_dev_call(res->dev, map, a->va, a->mapped, b->phys, 0);
+        if (rc == FS_OK) {
+            a->dev = b;
+            a->state = FS_RES_DEVICE;
+        } else {
+            fs_phys_pool_put(&res->dev_pool, b);
+        }
+    }
+    if (rc != FS_OK) {
+        /* Does not fit the budget (or the device): it starts on host and still works. */
+        rc = fs_phys_pool_get(&res->host_pool, a->mapped, true, &b);
+        if (rc == FS_OK) {
+            rc = fs_dev_call(res->dev, map, a->va, a->mapped, b->phys, 0);
+            if (rc == FS_OK) {
+                attach_host(res, a, b);
+                a->state = FS_RES_HOST;
+                STAT(res, placed_on_host, 1);
+            } else {
+                fs_phys_pool_put(&res->host_pool, b);
+            }
+        }
+    }
+    if (rc == FS_OK) {
+        rc = list_add(res, a);
+        if (rc != FS_OK)
+            alloc_release_memory(res, a); /* also gives the VA range back */
+    } else {
+        fs_va_space_free(&res->vs, a->va, a->mapped);
+    }
+    if (rc != FS_OK) {
+        pthread_mutex_unlock(&res->lock);
+        free(a);
+        return rc;
+    }
+    a->id = res->next_id++;
+    a->touch_epoch = 0;
+    STAT(res, allocs_live, 1);
+    STAT(res, bytes_live, a->mapped);
+    update_host_target(res);
+    fs_va_space_set_owner(&res->vs, a->va, a->mapped, a);
+    pthread_mutex_unlock(&res->lock);
+    *out = a->va;
+    return FS_OK;
+}
+
+int fs_res_free(struct fs_residency *res, fs_dptr va)
+{
+    struct fs_alloc *a = (struct fs_alloc *)fs_va_space_lookup(&res->vs, va);
+    if (!a)
+        return FS_ERR_NOT_FOUND;
+    if (a->va != va)
+        return FS_ERR_INVALID;
+    /* cudaFree synchronizes the device; the program may rely on it. */
+    int rc = fs_dev_call(res->dev, ctx_sync);
+    if (rc != FS_OK)
+        return rc;
+    pthread_mutex_lock(&res->lock);
+    while (LOAD(&a->state) == FS_RES_MOVING)
+        pthread_cond_wait(&res->moved, &res->lock);
+    alloc_release_memory(res, a);
+    list_remove(res, a);
+    STAT(res, allocs_live, -1);
+    STAT(res, bytes_live, -a->mapped);
+    pthread_mutex_unlock(&res->lock);
+    free(a);
+    return FS_OK;
+}
+
+/* ---- launches ------------------------------------------------------------------------------- */
+
+uint64_t fs_res_launch_begin(struct fs_residency *res, struct fs_alloc *const *allocs, int n,
+                             fs_stream stream)
+{
+    uint64_t tick = __atomic_add_fetch(&res->tick, 1, __ATOMIC_RELAXED);
+    uint64_t epoch = LOAD(&res->epoch);
+    bool slow = false;
+    for (int i = 0; i < n; i++) {
+        struct fs_alloc *a = allocs[i];
+        STORE(&a->last_tick, tick);
+        STORE(&a->touch_epoch, epoch);
+        __atomic_add_fetch(&a->inflight, 1, __ATOMIC_SEQ_CST);
+        int state = __atomic_load_n(&a->state, __ATOMIC_SEQ_CST);
+        if (state != FS_RES_DEVICE)
+            slow = true;
+    }
+    if (FS_LIKELY(!slow))
+        return tick;
+
+    bool capturing = false;
+    if (fs_dev_call(res->dev, stream_capturing, stream, &capturing) != FS_OK)
+        capturing = true; /* cannot tell: do nothing that a capture forbids */
+
+    /* Slow path: drop the holds, move what is needed under the lock, take the holds again. */
+    for (int i = 0; i < n; i++)
+        __atomic_sub_fetch(&allocs[i]->inflight, 1, __ATOMIC_SEQ_CST);
+    pthread_mutex_lock(&res->lock);
+    for (int i = 0; i < n; i++) {
+        struct fs_alloc *a = allocs[i];
+        while (LOAD(&a->state) == FS_RES_MOVING)
+            pthread_cond_wait(&res->moved, &res->lock);
+        if (LOAD(&a->state) == FS_RES_HOST && !capturing) {
+            uint64_t before = res->stats.faults;
+            if (fault_in_locked(res, a, allocs, n) == FS_OK) {
+                STAT(res, faults, 1);
+                STAT(res, faulted_bytes, a->mapped);
+            } else if (res->stats.faults == before) {
+                STAT(res, host_served, 1);
+            }
+        } else if (LOAD(&a->state) == FS_RES_HOST) {
+            STAT(res, host_served, 1);
+        }
+    }
+    /* Under the lock nothing moves, so these holds are safe without the handshake. */
+    for (int i = 0; i < n; i++)
+        __atomic_add_fetch(&allocs[i]->inflight, 1, __ATOMIC_SEQ_CST);
+    pthread_mutex_unlock(&res->lock);
+    return tick;
+}
+
+void fs_res_launch_done(struct fs_residency *res, uint64_t tick, fs_stream stream,
+                        struct fs_alloc *const *allocs, int n, bool queued)
+{
+    struct fs_shared_event *e = NULL;
+    if (queued && n > 0 && LOAD(&res->pressure)) {
+        e = event_get(res);
+        if (e && fs_dev_call(res->dev, event_record, e->ev, stream) != FS_OK) {
+            e->refs = 1;
+            event_put(res, e);
+            e = NULL;
+        }
+    }
+    if (e) {
+        e->stream = stream;
+        __atomic_store_n(&e->refs, n, __ATOMIC_RELEASE);
+        for (int i = 0; i < n; i++) {
+            struct fs_alloc *a = allocs[i];
+            struct fs_shared_event *old = __atomic_exchange_n(&a->last_use, e, __ATOMIC_ACQ_REL);
+            /* An older use on another stream that may still run is not covered by E. */
+            bool covered = !old || old->stream == stream ||
+                           fs_dev_call(res->dev, event_query, old->ev) == FS_OK;
+            STORE(&a->event_tick, covered ? tick : 0);
+            event_put(res, old);
+        }
+    }
+    for (int i = 0; i < n; i++)
+        __atomic_sub_fetch(&allocs[i]->inflight, 1, __ATOMIC_SEQ_CST);
+}
+
+/* ---- planner entry points ------------------------------------------------------------------- */
+
+int fs_res_make_resident(struct fs_residency *res, struct fs_alloc *a)
+{
+    pthread_mutex_lock(&res->lock);
+    while (LOAD(&a->state) == FS_RES_MOVING)
+        pthread_cond_wait(&res->moved, &res->lock);
+    int rc = fault_in_locked(res, a, NULL, 0);
+    if (rc == FS_OK) {
+        STAT(res, prefetches, 1);
+        STAT(res, prefetched_bytes, a->mapped);
+    }
+    pthread_mutex_unlock(&res->lock);
+    return rc;
+}
+
+int fs_res_evict(struct fs_residency *res, struct fs_alloc *a)
+{
+    pthread_mutex_lock(&res->lock);
+    while (LOAD(&a->state) == FS_RES_MOVING)
+        pthread_cond_wait(&res->moved, &res->lock);
+    int rc = evict_locked(res, a);
+    pthread_mutex_unlock(&res->lock);
+    return rc;
+}
+
+void fs_res_get_stats(struct fs_residency *res, struct fs_res_stats *out)
+{
+    pthread_mutex_lock(&res->lock);
+    *out = res->stats;
+    pthread_mutex_unlock(&res->lock);
+    out->device_bytes_held = fs_phys_pool_held(&res->dev_pool);
+    out->host_bytes_held = fs_phys_pool_held(&res->host_pool);
+}
+
+uint64_t fs_res_device_bytes(struct fs_residency *res)
+{
+    return fs_phys_pool_held(&res->dev_pool);
+}

@@ -1,0 +1,150 @@
+/* Residency: where each managed allocation's bytes live, and moving them under a budget.
+ *
+ * A managed allocation is a VA range of the managed space (va_space.h) that is always mapped
+ * (invariant 1): to device physical memory when resident, to pinned host memory when evicted.
+ * Moving it copies the bytes into the other side's block (phys_pool.h), then remaps the VA once
+ * the range is quiet (invariant 2):
+ *   - a launch between its enter and exit notifications holds the allocation (inflight > 0), so
+ *     it is never remapped under a launch being queued;
+ *   - after exit, its last-use event (recorded only once memory pressure began) must have fired;
+ *   - an allocation touched in the current quiescence epoch with no event, or any launch whose
+ *     parameters could not be read in this epoch, forces a full device synchronize first, which
+ *     starts a new epoch.
+ * Eviction always writes the device bytes back to host (invariant 3: no unchecked shortcut).
+ *
+ * All state changes happen under one mutex; the launch hot path (launch.c) only reads atomics. */
+#ifndef FS_RESIDENCY_H
+#define FS_RESIDENCY_H
+
+#include <pthread.h>
+#include <stdbool.h>
+#include <stdint.h>
+
+#include "device.h"
+#include "phys_pool.h"
+#include "va_space.h"
+
+enum fs_res_state {
+    FS_RES_DEVICE = 0,    /* mapped to device memory */
+    FS_RES_HOST = 1,      /* mapped to pinned host memory */
+    FS_RES_MOVING = 2,    /* being remapped: launches wait on the residency lock */
+};
+
+/* A reference-counted event: the last use of several allocations can share one. */
+struct fs_shared_event {
+    fs_event ev;
+    fs_stream stream; /* where it was recorded */
+    int refs;         /* atomic */
+    struct fs_shared_event *next_free;
+};
+
+struct fs_alloc {
+    fs_dptr va;
+    uint64_t size;   /* as requested */
+    uint64_t mapped; /* rounded up to the granularity */
+    uint64_t id;     /* allocation order, stable across runs of a deterministic program */
+    int state;       /* enum fs_res_state, atomic */
+    int inflight;    /* launches between enter and exit that reference it, atomic */
+    uint64_t touch_epoch;  /* quiescence epoch of the last referencing launch, atomic */
+    uint64_t last_tick;    /* launch counter at the last reference (LRU), atomic */
+    struct fs_block *dev;   /* device memory, when resident */
+    struct fs_block *host;  /* host memory: the bytes when evicted; kept as write-back target */
+    struct fs_shared_event *last_use; /* swapped atomically by launch exits */
+    uint64_t event_tick;    /* the launch tick last_use covers; < last_tick: not covered */
+    int index;              /* in fs_residency.allocs */
+};
+
+struct fs_res_stats {
+    uint64_t allocs_live, bytes_live;
+    uint64_t device_bytes_held; /* device pool, in use and cached */
+    uint64_t host_bytes_held;   /* host pool */
+    uint64_t evictions, evicted_bytes;
+    uint64_t faults, faulted_bytes;   /* on-demand fault-ins */
+    uint64_t prefetches, prefetched_bytes;
+    uint64_t placed_on_host;          /* allocations that did not fit and started on host */
+    uint64_t host_served;             /* references left on host (no room, capture) */
+    uint64_t quiesce_syncs;           /* full synchronizes forced by the quiet-range rule */
+    uint64_t failures;                /* internal failures that fell back (logged) */
+};
+
+struct fs_residency {
+    struct fs_device *dev;
+    struct fs_va_space vs;
+    struct fs_phys_pool dev_pool, host_pool;
+    uint64_t budget;
+    pthread_mutex_t lock;
+    pthread_cond_t moved; /* broadcast when an allocation leaves FS_RES_MOVING */
+    fs_stream h2d, d2h;
+    struct fs_alloc **allocs;
+    int nallocs, cap_allocs;
+    uint64_t next_id;
+    uint64_t epoch;         /* atomic */
+    uint64_t unknown_epoch; /* epoch of the last unreadable launch, atomic */
+    uint64_t tick;          /* launch counter, atomic */
+    int pressure;           /* record last-use events (atomic); set at the first eviction */
+    pthread_mutex_t ev_lock; /* guards free_events only */
+    struct fs_shared_event *free_events;
+    struct fs_res_stats stats;
+    /* background pinning: host blocks for the allocations the budget will push out */
+    pthread_t pinner;
+    bool pinner_started, pinner_stop;
+    pthread_cond_t pinner_wake;
+    uint64_t host_backed_bytes; /* host blocks attached to allocations */
+};
+
+struct fs_res_config {
+    uint64_t budget;
+    uint64_t va_space_bytes; /* managed address range to reserve */
+    bool background_pinning;
+};
+
+int fs_res_init(struct fs_residency *res, struct fs_device *dev, const struct fs_res_config *cfg);
+/* Frees everything (the program's allocations included): only at shutdown. */
+void fs_res_destroy(struct fs_residency *res);
+
+/* A new managed allocation: on the device if the budget allows after eviction, else on host. */
+int fs_res_alloc(struct fs_residency *res, uint64_t size, fs_dptr *out);
+/* Free a managed allocation by its base address; FS_ERR_NOT_FOUND if not ours,
+ * FS_ERR_INVALID for an address inside one. Synchronizes the device first (cudaFree does). */
+int fs_res_free(struct fs_residency *res, fs_dptr va);
+
+static inline struct fs_alloc *fs_res_lookup(const struct fs_residency *res, uint64_t addr)
+{
+    struct fs_alloc *a = (struct fs_alloc *)fs_va_space_lookup(&res->vs, addr);
+    return a && addr < a->va + a->size ? a : NULL;
+}
+
+/* Bring A onto the device now (the caller waits): the "make resident ahead of use" entry the
+ * planner drives. FS_ERR_NOMEM when the budget cannot make room (A stays on host). */
+int fs_res_make_resident(struct fs_residency *res, struct fs_alloc *a);
+
+/* Evict A to host (write-back). FS_ERR_NOT_READY when a launch holds it. */
+int fs_res_evict(struct fs_residency *res, struct fs_alloc *a);
+
+/* Begin a launch that references ALLOCS (distinct): take a hold on each so none is remapped
+ * while the launch is queued, bringing evicted ones onto the device first (on-demand fault-in;
+ * while STREAM is capturing nothing may synchronize or remap, so they are used where they
+ * are). Returns the
+ * launch's tick for fs_res_launch_done. Never fails: what cannot be made resident is read from
+ * host memory (counted). */
+uint64_t fs_res_launch_begin(struct fs_residency *res, struct fs_alloc *const *allocs, int n,
+                             fs_stream stream);
+
+/* After the launch was queued on STREAM (QUEUED false: the driver refused it): record its
+ * last-use event under pressure and release the holds. */
+void fs_res_launch_done(struct fs_residency *res, uint64_t tick, fs_stream stream,
+                        struct fs_alloc *const *allocs, int n, bool queued);
+
+/* A launch whose parameters could not be read: the next remap synchronizes the device first. */
+static inline void fs_res_note_unknown(struct fs_residency *res)
+{
+    __atomic_store_n(&res->unknown_epoch, __atomic_load_n(&res->epoch, __ATOMIC_ACQUIRE),
+                     __ATOMIC_RELEASE);
+}
+
+void fs_res_get_stats(struct fs_residency *res, struct fs_res_stats *out);
+
+/* Device bytes managed allocations hold now (pool, used and cached). */
+uint64_t fs_res_device_bytes(struct fs_residency *res);
+
+#endif

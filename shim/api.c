@@ -1,0 +1,15 @@
+/* The public flexshim_* API (shim/flexshim.h). */
+#include "flexshim.h"
+
+#include "engine.h"
+#include "fs.h"
+
+FS_EXPORT const char *flexshim_version(void)
+{
+    return FLEXSHIM_VERSION_STRING;
+}
+
+FS_EXPORT int flexshim_active(void)
+{
+    return fs_engine_active() ? 1 : 0;
+}

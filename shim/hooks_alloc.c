@@ -1,0 +1,60 @@
+/* The CUDA runtime's allocation entry points. */
+#include "engine.h"
+#include "hook.h"
+
+FS_EXPORT cudaError_t cudaMalloc(void **devPtr, size_t size)
+{
+    __typeof__(&cudaMalloc) real = FS_CUDART(cudaMalloc);
+    if (!real)
+        return fs_hook_missing_real("cudaMalloc");
+    if (fs_hook_enter() || !devPtr || size == 0) {
+        fs_hook_leave();
+        return real(devPtr, size);
+    }
+    uint64_t ptr = 0;
+    int rc = fs_engine_alloc(size, &ptr);
+    cudaError_t res;
+    if (rc == FS_ERR_UNSUPPORTED) {
+        res = real(devPtr, size);
+        if (res == cudaSuccess)
+            fs_engine_note_passthrough(size);
+    } else {
+        res = fs_to_cuda_rt(rc);
+        if (rc == FS_OK)
+            *devPtr = (void *)(uintptr_t)ptr;
+    }
+    fs_hook_leave();
+    return res;
+}
+
+FS_EXPORT cudaError_t cudaMallocPitch(void **devPtr, size_t *pitch, size_t width, size_t height)
+{
+    __typeof__(&cudaMallocPitch) real = FS_CUDART(cudaMallocPitch);
+    if (!real)
+        return fs_hook_missing_real("cudaMallocPitch");
+    if (fs_hook_enter() || !devPtr || !pitch) {
+        fs_hook_leave();
+        return real(devPtr, pitch, width, height);
+    }
+    /* Pitched allocations are not managed: CUDA chooses the pitch. */
+    cudaError_t res = real(devPtr, pitch, width, height);
+    if (res == cudaSuccess)
+        fs_engine_note_passthrough((uint64_t)*pitch * height);
+    fs_hook_leave();
+    return res;
+}
+
+FS_EXPORT cudaError_t cudaFree(void *devPtr)
+{
+    __typeof__(&cudaFree) real = FS_CUDART(cudaFree);
+    if (!real)
+        return fs_hook_missing_real("cudaFree");
+    if (fs_hook_enter() || !devPtr) {
+        fs_hook_leave();
+        return real(devPtr);
+    }
+    int rc = fs_engine_free((uint64_t)(uintptr_t)devPtr);
+    cudaError_t res = rc == FS_ERR_NOT_FOUND ? real(devPtr) : fs_to_cuda_rt(rc);
+    fs_hook_leave();
+    return res;
+}

@@ -1,0 +1,21 @@
+/* Library constructor and destructor: read the configuration before main(), report at exit. */
+#include <unistd.h>
+
+#include "engine.h"
+#include "hook.h"
+
+extern char **environ;
+
+__attribute__((constructor)) static void fs_shim_load(void)
+{
+    fs_hook_depth++;
+    fs_engine_init(environ);
+    fs_hook_depth--;
+}
+
+__attribute__((destructor)) static void fs_shim_unload(void)
+{
+    fs_hook_depth++;
+    fs_engine_shutdown();
+    fs_hook_depth--;
+}

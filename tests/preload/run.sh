@@ -1,0 +1,102 @@
+#!/usr/bin/env bash
+# Preload tests: the real libflexshim.so in a small C program linked against a stand-in libcudart
+# (tests/preload/fake_cudart.c), plus the exported-symbol check and flexshim-profile's config
+# command. Run from the repository root by `make test-preload`; prints "preload: N passed, M failed".
+set -u
+BUILD=${BUILD:-build}
+LIB=$PWD/$BUILD/libflexshim.so
+TOOL=$PWD/$BUILD/flexshim-profile
+PROG=$PWD/$BUILD/tests/preload/prog_alloc
+PRELOAD=$LIB
+if [ "${SAN:-}" = 1 ]; then
+    # The sanitizer runtime must come first in a process whose main program is not instrumented.
+    PRELOAD="$(${CC:-gcc} -print-file-name=libasan.so):$LIB"
+    export ASAN_OPTIONS=${ASAN_OPTIONS:-detect_leaks=1}
+fi
+tmp=$(mktemp -d /tmp/flexshim-preload.XXXXXX)
+trap 'rm -rf "$tmp"' EXIT
+passed=0; failed=0
+
+ok()   { passed=$((passed + 1)); echo "ok   $1"; }
+fail() { failed=$((failed + 1)); echo "FAIL $1"; [ -n "${2:-}" ] && printf '     %s\n' "$2"; }
+# expect NAME FILE PATTERN: FILE must contain the extended regex PATTERN
+expect() { if grep -Eq -- "$3" "$2"; then ok "$1"; else fail "$1" "no /$3/ in: $(head -c 600 "$2")"; fi; }
+expect_not() { if grep -Eq -- "$3" "$2"; then fail "$1" "unexpected /$3/ in: $(head -c 600 "$2")"; else ok "$1"; fi; }
+
+# Run the program with a clean FLEXTENSOR_* environment plus the given assignments.
+run_prog() { # run_prog OUTFILE [VAR=VALUE...]
+    local out=$1; shift
+    (cd "$tmp" && env $(env | sed -n 's/^\(FLEXTENSOR_[A-Za-z0-9_]*\)=.*/-u \1/p') \
+        LD_PRELOAD="$PRELOAD" FLEXTENSOR_CONFIG= "$@" "$PROG") >"$out" 2>&1
+}
+
+# 1. Calls reach the shim and then the real runtime; the configuration is read.
+run_prog "$tmp/basic" FLEXTENSOR_LOG_LEVEL=info; rc=$?
+[ $rc = 0 ] && ok "program runs under the shim" || fail "program runs under the shim" "exit $rc: $(cat "$tmp/basic")"
+expect "calls reach the real runtime" "$tmp/basic" '^runtime saw 4 mallocs, 4 frees$'
+expect "calls reach the shim (exit summary)" "$tmp/basic" '^\[flexshim [0-9]+\] info: allocations: 0 managed \(0 bytes\), 4 passed through \([0-9]+ bytes\); 4 frees$'
+expect "log level read from the environment" "$tmp/basic" 'info: flexshim loaded \(enabled\)'
+
+run_prog "$tmp/quiet"
+expect_not "default log level is quiet" "$tmp/quiet" '\[flexshim'
+
+# 2. The INI file named by FLEXTENSOR_CONFIG is read; the environment overrides it.
+printf '[flexshim]\nlog_level = info\nenabled = 0\n' >"$tmp/f.ini"
+run_prog "$tmp/ini" FLEXTENSOR_CONFIG="$tmp/f.ini"
+expect "INI file read" "$tmp/ini" 'info: flexshim loaded \(disabled by FLEXTENSOR_ENABLED=0\)'
+run_prog "$tmp/ini_env" FLEXTENSOR_CONFIG="$tmp/f.ini" FLEXTENSOR_ENABLED=1
+expect "environment overrides INI" "$tmp/ini_env" 'info: flexshim loaded \(enabled\)'
+printf 'log_level = info\n' >"$tmp/flexshim.ini"
+(cd "$tmp" && env -u FLEXTENSOR_CONFIG LD_PRELOAD="$PRELOAD" "$PROG") >"$tmp/cwd" 2>&1
+expect "./flexshim.ini is a default location (and its errors name the line)" "$tmp/cwd" "flexshim.ini:1: key 'log_level' outside the \[flexshim\] section"
+rm -f "$tmp/flexshim.ini"
+
+# 3. Bad input: one clear message each, then the program runs unmanaged and still succeeds.
+run_prog "$tmp/typo" FLEXTENSOR_GPU_MEMORY_LIMT=8GiB; rc=$?
+expect "typo names the closest setting" "$tmp/typo" 'error: FLEXTENSOR_GPU_MEMORY_LIMT is not a flexshim setting; did you mean FLEXTENSOR_GPU_MEMORY_LIMIT\?'
+expect "configuration error says the program runs unmanaged" "$tmp/typo" 'the program runs unmanaged'
+[ $rc = 0 ] && ok "program still succeeds after a configuration error" || fail "program still succeeds after a configuration error" "exit $rc"
+expect "unmanaged program still reaches the runtime" "$tmp/typo" '^runtime saw 4 mallocs, 4 frees$'
+run_prog "$tmp/badsize" FLEXTENSOR_GPU_MEMORY_LIMIT=8XB
+expect "malformed size names setting, value and accepted forms" "$tmp/badsize" 'FLEXTENSOR_GPU_MEMORY_LIMIT=8XB: not a size; .*GiB.*60%'
+run_prog "$tmp/range" FLEXTENSOR_DISCOVERY_ITERS=0
+expect "out-of-range value says what is accepted" "$tmp/range" 'FLEXTENSOR_DISCOVERY_ITERS=0: out of range; use a value from 1 to 1000'
+run_prog "$tmp/missing" FLEXTENSOR_CONFIG=/nonexistent/flexshim.ini
+expect "missing INI file is an error" "$tmp/missing" 'FLEXTENSOR_CONFIG=/nonexistent/flexshim.ini: cannot read the file'
+printf '[flexshim]\nstrategy = greedy\ngpu_memry_limit = 4GiB\n[other]\n' >"$tmp/bad.ini"
+run_prog "$tmp/badini" FLEXTENSOR_CONFIG="$tmp/bad.ini"
+expect "unknown INI key: line number and suggestion" "$tmp/badini" "bad.ini:3: unknown key 'gpu_memry_limit' in \[flexshim\]; did you mean 'gpu_memory_limit'\?"
+expect "unknown INI section: line number" "$tmp/badini" 'bad.ini:4: unknown section \[other\]'
+
+# 4. Log file.
+run_prog "$tmp/lf" FLEXTENSOR_LOG_LEVEL=info FLEXTENSOR_LOG_FILE="$tmp/shim.log"
+expect "log goes to FLEXTENSOR_LOG_FILE" "$tmp/shim.log" 'info: allocations: 0 managed'
+expect_not "nothing logged to stderr with a log file" "$tmp/lf" '\[flexshim'
+
+# 5. Only the intercepted CUDA names and flexshim_* are exported.
+allowed='^(cudaMalloc|cudaMallocPitch|cudaFree|cudaMemGetInfo|cudaPointerGetAttributes|cuMemGetInfo_v2|cuPointerGetAttribute|cuPointerGetAttributes|flexshim_[a-z_]+)$'
+nm -D --defined-only "$LIB" | awk '$2 ~ /^[TWDBRV]$/ {print $3}' | grep -v '^_' | sort >"$tmp/exports"
+grep -Evq "$allowed" "$tmp/exports" && fail "only CUDA hooks and flexshim_* exported" "extra: $(grep -Ev "$allowed" "$tmp/exports" | tr '\n' ' ')" || ok "only CUDA hooks and flexshim_* exported"
+expect "cudaMalloc is exported" "$tmp/exports" '^cudaMalloc$'
+expect "flexshim_version is exported" "$tmp/exports" '^flexshim_version$'
+objdump -T "$LIB" | awk '$NF == "cudaMalloc"' >"$tmp/cm_version"
+expect "exports carry no version node" "$tmp/cm_version" ' Base +cudaMalloc$'
+
+# 6. flexshim-profile config.
+toolenv() { env $(env | sed -n 's/^\(FLEXTENSOR_[A-Za-z0-9_]*\)=.*/-u \1/p') FLEXTENSOR_CONFIG= "$@"; }
+(cd "$tmp" && toolenv "$TOOL" config --check) >"$tmp/chk_ok" 2>&1 && ok "config --check passes a clean setup" || fail "config --check passes a clean setup" "$(cat "$tmp/chk_ok")"
+(cd "$tmp" && toolenv FLEXTENSOR_STRATEGY=fast "$TOOL" config --check) >"$tmp/chk_bad" 2>&1; rc=$?
+[ $rc = 1 ] && ok "config --check exits 1 on a bad value" || fail "config --check exits 1 on a bad value" "exit $rc"
+expect "config --check prints the same message" "$tmp/chk_bad" 'FLEXTENSOR_STRATEGY=fast: unknown choice; use one of adaptive, knapsack, greedy, global'
+(cd "$tmp" && toolenv FLEXTENSOR_CONFIG="$tmp/f.ini" FLEXTENSOR_GPU_MEMORY_LIMIT=60% "$TOOL" config --dump) >"$tmp/dump" 2>&1
+expect "dump shows env values and source" "$tmp/dump" '^FLEXTENSOR_GPU_MEMORY_LIMIT +60% +env'
+expect "dump shows INI values with file and line" "$tmp/dump" "^FLEXTENSOR_LOG_LEVEL +info +ini .*f.ini:2"
+expect "dump shows defaults" "$tmp/dump" '^FLEXTENSOR_STRATEGY +adaptive +default'
+"$TOOL" config --ini >"$tmp/gen.ini" 2>&1
+if diff -q "$tmp/gen.ini" conf/flexshim.ini >/dev/null; then ok "conf/flexshim.ini is generated from the table"; else
+    fail "conf/flexshim.ini is generated from the table" "regenerate: $BUILD/flexshim-profile config --ini > conf/flexshim.ini"; fi
+"$TOOL" frobnicate >/dev/null 2>&1; rc=$?
+[ $rc = 2 ] && ok "unknown command exits 2" || fail "unknown command exits 2" "exit $rc"
+
+echo "preload: $passed passed, $failed failed"
+[ $failed = 0 ]
