@@ -44,6 +44,10 @@ FS_PARAM(PIN_MODE, FS_PT_ENUM, "background", 0, 0, "background|on_demand",      
     "Pinned host pool: grown ahead of need on a background thread, or only when an eviction needs it.") \
 FS_PARAM(MIN_OFFLOAD_BYTES, FS_PT_SIZE, "8MiB", 0, 64 * FS_TIB, NULL,                              \
     "Allocations smaller than this pass through and always stay on the device.")                   \
+FS_PARAM(REMAP_SAFETY, FS_PT_ENUM, "strict", 0, 0, "strict|tracked",                           \
+    "strict: a remap first waits for all queued GPU work (safe for pointers kept in device memory); tracked: only for launches that referenced the allocation.") \
+FS_PARAM(MEMINFO_VIEW, FS_PT_ENUM, "budget", 0, 0, "budget|device",                            \
+    "What cudaMemGetInfo reports: the budget (total = limit, free = what is left of it) or the device.") \
 FS_PARAM(TIMING_REPORT, FS_PT_STRING, "", 0, 0, NULL,                                              \
     "Write the timing report at exit to this file ('-' for the log; empty: off).")
 /* clang-format on */

@@ -29,8 +29,8 @@
     X(cuMemcpyHtoD) X(cuMemcpyDtoH) X(cuMemsetD32)
 
 #define FS_CUPTI_FUNCS(X) \
-    X(cuptiSubscribe) X(cuptiUnsubscribe) X(cuptiEnableCallback) X(cuptiEnableDomain) \
-    X(cuptiGetResultString)
+    X(cuptiSubscribe_v2) X(cuptiUnsubscribe) X(cuptiEnableCallback) X(cuptiEnableDomain) \
+    X(cuptiGetResultString) X(cuptiGetCallbackName)
 
 #define FS_CUDART_FUNCS(X) \
     X(cudaMalloc) X(cudaFree) X(cudaMallocPitch) X(cudaMemGetInfo) X(cudaPointerGetAttributes) \

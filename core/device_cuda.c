@@ -404,6 +404,142 @@ static int cuda_event_elapsed_ms(struct fs_device *dev, fs_event start, fs_event
     return FS_OK;
 }
 
+/* The two queries below run on the program's own threads, inside the CUPTI callback of a launch,
+ * once per new kernel or per slow-path launch: they call nothing that synchronizes or blocks, and
+ * they leave the thread's current context as they found it. A runtime program has the primary
+ * context current already (one cuCtxGetCurrent); a driver-API program with a context of its own
+ * would otherwise find it silently replaced by ours after its launch returns. */
+static int ctx_enter(struct cuda_impl *c, CUcontext *prev)
+{
+    CUcontext cur = NULL;
+    *prev = NULL;
+    if (FS_LIKELY(fs_cuda.cuCtxGetCurrent(&cur) == CUDA_SUCCESS && cur == c->ctx))
+        return FS_OK;
+    int err = CU_CHECK(cuCtxSetCurrent(c->ctx));
+    if (err == FS_OK)
+        *prev = cur; /* NULL when nothing was current: then nothing to restore */
+    return err;
+}
+
+static void ctx_leave(CUcontext prev)
+{
+    if (FS_UNLIKELY(prev != NULL)) {
+        CUresult res = fs_cuda.cuCtxSetCurrent(prev);
+        if (res != CUDA_SUCCESS)
+            FS_DEBUG("cuda: restoring the program's context %p failed: %s", (void *)prev,
+                     fs_cuda_errstr(res));
+    }
+}
+
+/* STREAM is passed to the driver as is: a stream of ours or the program's, the legacy default
+ * stream (NULL; the non-_ptsz entry point is resolved, so NULL means legacy) or
+ * CU_STREAM_PER_THREAD. INVALIDATED counts as capturing (the capture is still open until
+ * cuStreamEndCapture). CUDA_ERROR_STREAM_CAPTURE_IMPLICIT, answered for the legacy stream while a
+ * blocking stream of the context is capturing, counts as capturing too: work on the legacy stream
+ * would depend on that capture, so nothing that a capture forbids may be done for it. */
+static int cuda_stream_capturing(struct fs_device *dev, fs_stream stream, bool *capturing)
+{
+    struct cuda_impl *c = impl_of(dev);
+    CUstreamCaptureStatus status = CU_STREAM_CAPTURE_STATUS_NONE;
+    CUcontext prev;
+    if (!capturing)
+        return FS_ERR_INVALID;
+    int err = ctx_enter(c, &prev);
+    if (FS_UNLIKELY(err != FS_OK))
+        return err;
+    CUresult res = fs_cuda.cuStreamIsCapturing((CUstream)stream, &status);
+    ctx_leave(prev);
+    if (res == CUDA_ERROR_STREAM_CAPTURE_IMPLICIT) {
+        *capturing = true;
+        return FS_OK;
+    }
+    err = cu_check(res, "cuStreamIsCapturing");
+    if (err != FS_OK)
+        return err;
+    *capturing = status != CU_STREAM_CAPTURE_STATUS_NONE;
+    return FS_OK;
+}
+
+/* Parameter I of FUNC, through cuFuncGetParamInfo or (AS_KERNEL) cuKernelGetParamInfo. */
+static CUresult param_info(const void *func, bool as_kernel, int i, size_t *offset, size_t *size)
+{
+    if (as_kernel)
+        return fs_cuda.cuKernelGetParamInfo((CUkernel)(uintptr_t)func, (size_t)i, offset, size);
+    return fs_cuda.cuFuncGetParamInfo((CUfunction)(uintptr_t)func, (size_t)i, offset, size);
+}
+
+/* Query parameters 0, 1, ... until the driver answers CUDA_ERROR_INVALID_VALUE (past the end).
+ * FS_OK with the count in *N; FS_ERR_UNSUPPORTED for more than MAX parameters; otherwise the
+ * CUresult of the failing call in *RES (its index in *AT). */
+static int param_walk(const void *func, bool as_kernel, uint32_t *offsets, uint32_t *sizes,
+                      int max, int *n, CUresult *res, int *at)
+{
+    for (int i = 0;; i++) {
+        size_t off = 0, sz = 0;
+        CUresult r = param_info(func, as_kernel, i, &off, &sz);
+        if (r == CUDA_ERROR_INVALID_VALUE) {
+            *n = i;
+            return FS_OK;
+        }
+        if (r != CUDA_SUCCESS) {
+            *res = r;
+            *at = i;
+            return FS_ERR_DEVICE;
+        }
+        if (i >= max) {
+            /* More parameters than the caller has room for. A partial layout would let the
+             * caller miss pointers in the parameters it was not told about, so report the
+             * launch as unreadable (the caller then treats it conservatively). */
+            FS_DEBUG("cuda: kernel %p has more than %d parameters", func, max);
+            return FS_ERR_UNSUPPORTED;
+        }
+        if (off > UINT32_MAX || sz > UINT32_MAX)
+            return FS_ERR_UNSUPPORTED; /* cannot be: the parameter space is a few KiB */
+        offsets[i] = (uint32_t)off;
+        sizes[i] = (uint32_t)sz;
+    }
+}
+
+/* FUNC is whatever the launch named as its CUfunction. Runtime launches (cudaLaunchKernel) pass a
+ * CUkernel cast to CUfunction, for which cuFuncGetParamInfo answers CUDA_ERROR_INVALID_HANDLE
+ * (measured) while cuKernelGetParamInfo works; so when the very first cuFuncGetParamInfo fails
+ * with anything but INVALID_VALUE (which means zero parameters), the walk is repeated as a
+ * CUkernel. Neither reads anything but the module's metadata: no synchronization.
+ * *N is set only on success; OFFSETS and SIZES may have been written on failure. */
+static int cuda_param_layout(struct fs_device *dev, const void *func, uint32_t *offsets,
+                             uint32_t *sizes, int max, int *n)
+{
+    struct cuda_impl *c = impl_of(dev);
+    CUresult res = CUDA_SUCCESS;
+    CUcontext prev;
+    int at = 0, count = 0;
+    if (!func || !n || max < 0 || (max > 0 && (!offsets || !sizes)))
+        return FS_ERR_INVALID;
+    int err = ctx_enter(c, &prev);
+    if (FS_UNLIKELY(err != FS_OK))
+        return err;
+    err = param_walk(func, false, offsets, sizes, max, &count, &res, &at);
+    if (err == FS_ERR_DEVICE && at == 0) {
+        CUresult as_func = res;
+        err = param_walk(func, true, offsets, sizes, max, &count, &res, &at);
+        if (err == FS_ERR_DEVICE)
+            FS_DEBUG("cuda: parameter layout of %p unknown: cuFuncGetParamInfo: %s, "
+                     "cuKernelGetParamInfo: %s",
+                     func, fs_cuda_errstr(as_func), fs_cuda_errstr(res));
+    } else if (err == FS_ERR_DEVICE) {
+        FS_DEBUG("cuda: cuFuncGetParamInfo(%p, %d) failed: %s", func, at, fs_cuda_errstr(res));
+    }
+    ctx_leave(prev);
+    if (err == FS_ERR_DEVICE) {
+        tl_last_error = res;
+        return FS_ERR_UNSUPPORTED;
+    }
+    if (err != FS_OK)
+        return err;
+    *n = count;
+    return FS_OK;
+}
+
 static int cuda_ctx_sync(struct fs_device *dev)
 {
     struct cuda_impl *c = impl_of(dev);
@@ -458,6 +594,8 @@ static const struct fs_device_ops cuda_ops = {
     .event_sync = cuda_event_sync,
     .stream_wait_event = cuda_stream_wait_event,
     .event_elapsed_ms = cuda_event_elapsed_ms,
+    .stream_capturing = cuda_stream_capturing,
+    .param_layout = cuda_param_layout,
     .ctx_sync = cuda_ctx_sync,
     .bind_thread = cuda_bind_thread,
     .last_native_error = cuda_last_native_error,

@@ -11,11 +11,22 @@
  * Engines: H2D (host->device and host->host copies), D2H, D2D and one compute engine for kernels.
  * Each engine runs one operation at a time, in enqueue order.
  *
- * Translation rules: a copy may span several mapping segments as long as the whole range is
- * mapped. A kernel range must be contiguous in host memory: it may span several segments only if
- * they map consecutive offsets of the same physical allocation; otherwise it is an illegal access.
- * A copy's engine is chosen from the locations mapped when it is queued (unmapped counts as
- * device); the memory itself is resolved when it executes.
+ * Mapping rules (as the CUDA driver): a map call maps one whole physical allocation (offset 0,
+ * its full size; anything else is FS_ERR_UNSUPPORTED) and an unmap call removes exactly one
+ * earlier mapping (same start and size; anything else is FS_ERR_INVALID).
+ *
+ * Translation rules: a copy may span several adjacent mappings as long as the whole range is
+ * mapped. A kernel range must lie within one mapping; otherwise it is an illegal access. A copy's
+ * engine is chosen from the locations mapped when it is queued (unmapped counts as device); the
+ * memory itself is resolved when it executes.
+ *
+ * Capture: a stream marked capturing (fs_sim_set_capturing) makes every synchronizing call
+ * (stream_sync and event_sync of any stream, ctx_sync) fail with FS_ERR_INVALID, as a sync during
+ * a global-mode capture does on the GPU; map and unmap still work but are counted too
+ * (fs_sim_stats.capture_violations). The mark stays until the test clears it or the stream is
+ * destroyed.
+ *
+ * Kernel parameter layouts come from a registry filled by fs_sim_register_kernel.
  *
  * Sticky failure: the first illegal access (or unsafe unmap, or an injected FS_ERR_STICKY) kills
  * the context: queued work is dropped and every later device call returns FS_ERR_STICKY, except
@@ -51,6 +62,7 @@ struct fs_phys_ {
 struct fs_stream_ {
     struct sim_link link;
     uint64_t tail_ns; /* when everything queued so far on the stream (waits included) is done */
+    bool capturing;   /* marked by fs_sim_set_capturing */
 };
 
 struct fs_event_ {
@@ -69,6 +81,13 @@ struct sim_seg {
     uint64_t size;
     struct fs_phys_ *phys;
     uint64_t offset;
+};
+
+/* A registered kernel parameter layout (offsets and sizes share one allocation). */
+struct sim_kernel {
+    const void *func;
+    int n;
+    uint32_t *offsets, *sizes;
 };
 
 /* A queued copy (va[0] = dst, va[1] = src) or kernel (va[0..nranges)). */
@@ -107,6 +126,9 @@ struct sim {
     size_t nsegs, cap_segs;
     struct sim_op **pending; /* sorted by (end, seq) descending: the next to run is last */
     size_t npending, cap_pending;
+    uint64_t ncapturing; /* streams marked capturing (the default stream included) */
+    struct sim_kernel *kernels;
+    size_t nkernels, cap_kernels;
 };
 
 static const struct fs_device_ops sim_ops;
@@ -220,25 +242,16 @@ static bool range_mapped(const struct sim *s, fs_dptr va, uint64_t size)
     return true;
 }
 
-/* A host pointer for [VA, VA+SIZE) when the range is mapped and contiguous in host memory (one
- * segment, or consecutive segments over consecutive offsets of one allocation); else NULL. */
+/* A host pointer for [VA, VA+SIZE) when the range lies within one mapping; else NULL. (Every
+ * mapping covers a whole allocation, so adjacent mappings are never contiguous in host memory.) */
 static unsigned char *resolve_contig(const struct sim *s, fs_dptr va, uint64_t size)
 {
     if (!range_ok(va, size))
         return NULL;
     const struct sim_seg *g = seg_find(s, va);
-    if (!g)
+    if (!g || size > g->size - (va - g->va))
         return NULL;
-    unsigned char *p = g->phys->data + g->offset + (va - g->va);
-    fs_dptr end = va + size;
-    while (g->va + g->size < end) {
-        const struct sim_seg *n = g + 1;
-        if (n >= s->segs + s->nsegs || n->va != g->va + g->size || n->phys != g->phys ||
-            n->offset != g->offset + g->size)
-            return NULL;
-        g = n;
-    }
-    return p;
+    return g->phys->data + g->offset + (va - g->va);
 }
 
 /* Copy between host memory and a mapped VA range, segment by segment. The range must be mapped
@@ -331,7 +344,7 @@ static void exec_kernel(struct sim *s, const struct sim_op *op)
     for (int i = 0; i < op->nranges; i++) {
         ptrs[i] = resolve_contig(s, op->va[i], op->len[i]);
         if (!ptrs[i]) {
-            illegal_access(s, "kernel touches unmapped (or non-contiguous) memory");
+            illegal_access(s, "kernel touches unmapped memory (or more than one mapping)");
             return;
         }
     }
@@ -594,12 +607,22 @@ static int sim_va_release(struct fs_device *dev, fs_dptr va, uint64_t size)
     return sim_end(s, rc);
 }
 
+/* A synchronizing call, or a remap, while a stream captures. */
+static void capture_violation(struct sim *s, const char *what)
+{
+    s->st.capture_violations++;
+    FS_DEBUG("sim: %s while a stream is capturing", what);
+}
+
 static int map_locked(struct sim *s, fs_dptr va, uint64_t size, struct fs_phys_ *phys,
                       uint64_t off)
 {
     if (!phys || !list_has(&s->phys, phys) || size == 0 || !aligned(s, va) || !aligned(s, size) ||
         !aligned(s, off) || off > phys->size || size > phys->size - off || !range_ok(va, size))
         return FS_ERR_INVALID;
+    /* The driver maps whole allocations only. */
+    if (off != 0 || size != phys->size)
+        return FS_ERR_UNSUPPORTED;
     long r = resv_find(s, va);
     if (r < 0 || va + size > s->resv[r].va + s->resv[r].size)
         return FS_ERR_INVALID;
@@ -615,6 +638,7 @@ static int map_locked(struct sim *s, fs_dptr va, uint64_t size, struct fs_phys_ 
     s->nsegs++;
     phys->refs++;
     s->st.maps++;
+    s->st.maps_by_loc[phys->loc]++;
     return FS_OK;
 }
 
@@ -625,8 +649,11 @@ static int sim_map(struct fs_device *dev, fs_dptr va, uint64_t size, fs_phys phy
     if (!s)
         return FS_ERR_INVALID;
     int rc = sim_begin(s, FS_SIM_OP_MAP);
-    if (rc == FS_OK)
+    if (rc == FS_OK) {
+        if (s->ncapturing)
+            capture_violation(s, "map");
         rc = map_locked(s, va, size, phys, phys_offset);
+    }
     return sim_end(s, rc);
 }
 
@@ -634,25 +661,19 @@ static int unmap_locked(struct sim *s, fs_dptr va, uint64_t size)
 {
     if (size == 0 || !range_ok(va, size))
         return FS_ERR_INVALID;
-    size_t first = seg_lower_bound(s, va), j = first;
-    fs_dptr end = va + size, cur = va;
-    /* Whole segments only, back to back, covering exactly [va, end). */
-    while (cur < end) {
-        if (j >= s->nsegs || s->segs[j].va != cur || s->segs[j].size > end - cur)
-            return FS_ERR_INVALID;
-        cur += s->segs[j].size;
-        j++;
-    }
+    /* Exactly one earlier mapping: same start, same size. */
+    size_t i = seg_lower_bound(s, va);
+    if (i >= s->nsegs || s->segs[i].va != va || s->segs[i].size != size)
+        return FS_ERR_INVALID;
     /* The quiet-range rule: nothing queued may still touch the range. */
     bool unsafe = false;
     for (size_t k = 0; k < s->npending && !unsafe; k++)
         for (int r = 0; r < s->pending[k]->nranges; r++)
             if (ranges_overlap(va, size, s->pending[k]->va[r], s->pending[k]->len[r]))
                 unsafe = true;
-    for (size_t k = first; k < j; k++)
-        s->segs[k].phys->refs--;
-    memmove(&s->segs[first], &s->segs[j], (s->nsegs - j) * sizeof(*s->segs));
-    s->nsegs -= j - first;
+    s->segs[i].phys->refs--;
+    memmove(&s->segs[i], &s->segs[i + 1], (s->nsegs - i - 1) * sizeof(*s->segs));
+    s->nsegs--;
     s->st.unmaps++;
     if (unsafe) {
         s->st.unsafe_unmaps++;
@@ -667,8 +688,11 @@ static int sim_unmap(struct fs_device *dev, fs_dptr va, uint64_t size)
     if (!s)
         return FS_ERR_INVALID;
     int rc = sim_begin(s, FS_SIM_OP_UNMAP);
-    if (rc == FS_OK)
+    if (rc == FS_OK) {
+        if (s->ncapturing)
+            capture_violation(s, "unmap");
         rc = unmap_locked(s, va, size);
+    }
     return sim_end(s, rc);
 }
 
@@ -704,6 +728,8 @@ static int sim_stream_destroy(struct fs_device *dev, fs_stream stream)
         if (!stream || !list_has(&s->streams, stream)) {
             rc = FS_ERR_INVALID;
         } else {
+            if (stream->capturing)
+                s->ncapturing--;
             list_del(&stream->link);
             free(stream);
             s->st.live_streams--;
@@ -720,7 +746,14 @@ static int sim_stream_sync(struct fs_device *dev, fs_stream stream)
     int rc = sim_begin(s, FS_SIM_OP_SYNC);
     if (rc == FS_OK) {
         struct fs_stream_ *st = stream_of(s, stream);
-        rc = st ? run_until(s, max_u64(s->now_ns, st->tail_ns)) : FS_ERR_INVALID;
+        if (!st) {
+            rc = FS_ERR_INVALID;
+        } else if (s->ncapturing) {
+            capture_violation(s, "stream_sync");
+            rc = FS_ERR_INVALID;
+        } else {
+            rc = run_until(s, max_u64(s->now_ns, st->tail_ns));
+        }
     }
     return sim_end(s, rc);
 }
@@ -857,10 +890,14 @@ static int sim_event_sync(struct fs_device *dev, fs_event event)
     int rc = sim_begin(s, FS_SIM_OP_EVENT_SYNC);
     if (rc == FS_OK) {
         struct fs_event_ *e = event_of(s, event);
-        if (!e)
+        if (!e) {
             rc = FS_ERR_INVALID;
-        else
+        } else if (s->ncapturing) {
+            capture_violation(s, "event_sync");
+            rc = FS_ERR_INVALID;
+        } else {
             rc = run_until(s, e->recorded ? max_u64(s->now_ns, e->done_ns) : s->now_ns);
+        }
     }
     return sim_end(s, rc);
 }
@@ -908,8 +945,65 @@ static int sim_ctx_sync(struct fs_device *dev)
     if (!s)
         return FS_ERR_INVALID;
     int rc = sim_begin(s, FS_SIM_OP_SYNC);
-    if (rc == FS_OK)
-        rc = run_until(s, max_u64(s->now_ns, s->horizon_ns));
+    if (rc == FS_OK) {
+        if (s->ncapturing) {
+            capture_violation(s, "ctx_sync");
+            rc = FS_ERR_INVALID;
+        } else {
+            rc = run_until(s, max_u64(s->now_ns, s->horizon_ns));
+        }
+    }
+    return sim_end(s, rc);
+}
+
+static int sim_stream_capturing(struct fs_device *dev, fs_stream stream, bool *capturing)
+{
+    struct sim *s = sim_of(dev);
+    if (!s)
+        return FS_ERR_INVALID;
+    int rc = sim_begin(s, -1);
+    if (rc == FS_OK) {
+        struct fs_stream_ *st = stream_of(s, stream);
+        if (!st || !capturing)
+            rc = FS_ERR_INVALID;
+        else
+            *capturing = st->capturing;
+    }
+    return sim_end(s, rc);
+}
+
+static const struct sim_kernel *kernel_find(const struct sim *s, const void *func)
+{
+    for (size_t i = 0; i < s->nkernels; i++)
+        if (s->kernels[i].func == func)
+            return &s->kernels[i];
+    return NULL;
+}
+
+static int sim_param_layout(struct fs_device *dev, const void *func, uint32_t *offsets,
+                            uint32_t *sizes, int max, int *n)
+{
+    struct sim *s = sim_of(dev);
+    if (!s)
+        return FS_ERR_INVALID;
+    int rc = sim_begin(s, -1);
+    s->st.param_layout_queries++; /* every call, failed ones too */
+    if (rc == FS_OK) {
+        const struct sim_kernel *k = func ? kernel_find(s, func) : NULL;
+        if (!func || !n || max < 0 || (max > 0 && (!offsets || !sizes))) {
+            rc = FS_ERR_INVALID;
+        } else if (!k) {
+            rc = FS_ERR_UNSUPPORTED; /* the driver cannot tell either */
+        } else if (k->n > max) {
+            rc = FS_ERR_INVALID; /* the caller's arrays are too small: nothing is written */
+        } else {
+            for (int i = 0; i < k->n; i++) {
+                offsets[i] = k->offsets[i];
+                sizes[i] = k->sizes[i];
+            }
+            *n = k->n;
+        }
+    }
     return sim_end(s, rc);
 }
 
@@ -947,6 +1041,9 @@ static void sim_close(struct fs_device *dev)
         return;
     drop_pending(s);
     free(s->pending);
+    for (size_t i = 0; i < s->nkernels; i++)
+        free(s->kernels[i].offsets);
+    free(s->kernels);
     free(s->segs);
     free(s->resv);
     for (struct sim_link *l = s->phys.next; l != &s->phys; l = l->next)
@@ -979,6 +1076,8 @@ static const struct fs_device_ops sim_ops = {
     .event_sync = sim_event_sync,
     .stream_wait_event = sim_stream_wait_event,
     .event_elapsed_ms = sim_event_elapsed_ms,
+    .stream_capturing = sim_stream_capturing,
+    .param_layout = sim_param_layout,
     .ctx_sync = sim_ctx_sync,
     .bind_thread = sim_bind_thread,
     .last_native_error = sim_last_native_error,
@@ -1156,6 +1255,54 @@ uint64_t fs_sim_now_ns(struct fs_device *dev)
     uint64_t now = s->now_ns;
     pthread_mutex_unlock(&s->lock);
     return now;
+}
+
+void fs_sim_set_capturing(struct fs_device *dev, fs_stream stream, bool capturing)
+{
+    struct sim *s = sim_of(dev);
+    if (!s)
+        return;
+    pthread_mutex_lock(&s->lock);
+    struct fs_stream_ *st = stream_of(s, stream);
+    if (st && st->capturing != capturing) {
+        st->capturing = capturing;
+        if (capturing)
+            s->ncapturing++;
+        else
+            s->ncapturing--;
+    }
+    pthread_mutex_unlock(&s->lock);
+}
+
+int fs_sim_register_kernel(struct fs_device *dev, const void *func, const uint32_t *offsets,
+                           const uint32_t *sizes, int n)
+{
+    struct sim *s = sim_of(dev);
+    if (!s || !func || n < 0 || n > FS_SIM_MAX_KERNEL_PARAMS || (n > 0 && (!offsets || !sizes)))
+        return FS_ERR_INVALID;
+    /* One allocation for both arrays; at least one element so malloc never sees zero. */
+    uint32_t *mem = malloc(2 * ((size_t)n + 1) * sizeof(*mem));
+    if (!mem)
+        return FS_ERR_NOMEM;
+    for (int i = 0; i < n; i++) {
+        mem[i] = offsets[i];
+        mem[(size_t)n + 1 + (size_t)i] = sizes[i];
+    }
+    struct sim_kernel k = {func, n, mem, mem + n + 1};
+    pthread_mutex_lock(&s->lock);
+    int rc = FS_OK;
+    struct sim_kernel *old = (struct sim_kernel *)kernel_find(s, func);
+    if (old) {
+        free(old->offsets);
+        *old = k;
+    } else if (grow((void **)&s->kernels, &s->cap_kernels, s->nkernels + 1, sizeof(*s->kernels))) {
+        s->kernels[s->nkernels++] = k;
+    } else {
+        free(mem);
+        rc = FS_ERR_NOMEM;
+    }
+    pthread_mutex_unlock(&s->lock);
+    return rc;
 }
 
 void fs_sim_get_stats(struct fs_device *dev, struct fs_sim_stats *out)

@@ -12,7 +12,19 @@
  * makes the context sticky-failed (as an illegal address does on a real GPU): every later call
  * returns FS_ERR_STICKY and fs_sim_stats.illegal_accesses counts it. Unmapping a range that a
  * not-yet-executed operation touches is counted in fs_sim_stats.unsafe_unmaps and is also an
- * illegal access. */
+ * illegal access.
+ *
+ * Mappings follow the CUDA driver: map takes one whole physical allocation (offset 0 and its full
+ * size, else FS_ERR_UNSUPPORTED), unmap takes exactly one earlier mapping (same start and size,
+ * else FS_ERR_INVALID). Copies may span adjacent mappings; a kernel range must lie within one.
+ *
+ * Graph capture: while any stream is marked capturing (fs_sim_set_capturing), stream_sync,
+ * event_sync and ctx_sync fail with FS_ERR_INVALID (a sync invalidates a global-mode capture on
+ * the GPU) and count in fs_sim_stats.capture_violations; map and unmap calls work as usual but
+ * count there too. The mark stays until cleared (or the stream is destroyed).
+ *
+ * Kernel parameter layouts (param_layout) come from fs_sim_register_kernel; an unregistered
+ * kernel's layout is FS_ERR_UNSUPPORTED. */
 #ifndef FS_DEVICE_SIM_H
 #define FS_DEVICE_SIM_H
 
@@ -55,6 +67,9 @@ struct fs_sim_stats {
     uint64_t bytes_h2d, bytes_d2h, bytes_d2d;
     uint64_t illegal_accesses;
     uint64_t unsafe_unmaps;
+    uint64_t capture_violations;   /* syncs (refused), map and unmap calls, while capturing */
+    uint64_t param_layout_queries; /* param_layout calls, failed ones included */
+    uint64_t maps_by_loc[2];       /* successful maps, by enum fs_mem_loc of the allocation */
     uint64_t live_phys, live_va_ranges, live_streams, live_events; /* leak checks */
 };
 
@@ -64,6 +79,7 @@ struct fs_sim_stats {
 typedef void (*fs_sim_kernel_fn)(void *ctx, void *const *ptrs, int nptrs);
 
 #define FS_SIM_MAX_KERNEL_PTRS 16
+#define FS_SIM_MAX_KERNEL_PARAMS 4096 /* registry limit per kernel */
 
 /* A NULL config takes every default (8 GiB device). In a given config, zero device_bytes,
  * granularity or bandwidths take the default too; FS_ERR_CONFIG if granularity is not a power of
@@ -93,6 +109,16 @@ void fs_sim_fail_nth(struct fs_device *dev, enum fs_sim_op op, uint64_t nth, int
 /* Move the clock forward by NS, completing whatever finishes by then. */
 void fs_sim_advance(struct fs_device *dev, uint64_t ns);
 uint64_t fs_sim_now_ns(struct fs_device *dev);
+
+/* Mark STREAM (NULL: the legacy default stream) as capturing into a graph, or not. Unknown
+ * streams are ignored. Destroying a stream clears its mark. */
+void fs_sim_set_capturing(struct fs_device *dev, fs_stream stream, bool capturing);
+
+/* Register the parameter layout that param_layout reports for FUNC (any non-NULL key; N may be
+ * 0, at most FS_SIM_MAX_KERNEL_PARAMS). Registering FUNC again replaces its layout. param_layout
+ * refuses a layout of more than its MAX entries with FS_ERR_INVALID, writing nothing. */
+int fs_sim_register_kernel(struct fs_device *dev, const void *func, const uint32_t *offsets,
+                           const uint32_t *sizes, int n);
 
 void fs_sim_get_stats(struct fs_device *dev, struct fs_sim_stats *out);
 

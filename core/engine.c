@@ -1,16 +1,31 @@
 #include "engine.h"
 
+#include <pthread.h>
 #include <string.h>
 
 #include "fs.h"
 #include "log.h"
+#include "residency.h"
 
-static struct fs_config engine_cfg;
-static bool engine_cfg_ready;
-static bool engine_active;
-static struct fs_engine_stats engine_stats;
+/* The managed address range: 1 TiB, or less if the driver refuses (halving down to 16 GiB). */
+#define VA_SPACE_BYTES (1ull << 40)
 
-#define STAT_ADD(field, n) __atomic_add_fetch(&engine_stats.field, (n), __ATOMIC_RELAXED)
+enum start_state { NOT_STARTED, STARTED, START_FAILED };
+
+static struct {
+    struct fs_config cfg;
+    bool cfg_ready;
+    bool active;
+    int start_state; /* atomic */
+    pthread_mutex_t start_lock;
+    int (*tracker)(void);
+    struct fs_device *dev;
+    bool dev_injected;
+    struct fs_residency res;
+    struct fs_engine_stats stats;
+} eng = {.start_lock = PTHREAD_MUTEX_INITIALIZER};
+
+#define STAT_ADD(field, n) __atomic_add_fetch(&eng.stats.field, (n), __ATOMIC_RELAXED)
 
 static void apply_log_settings(const struct fs_config *cfg)
 {
@@ -24,41 +39,167 @@ static void apply_log_settings(const struct fs_config *cfg)
 int fs_engine_init(char *const *envp)
 {
     struct fs_config_errors errs = {0};
-    int rc = fs_config_load(&engine_cfg, envp, &errs);
-    engine_cfg_ready = true;
-    apply_log_settings(&engine_cfg);
+    int rc = fs_config_load(&eng.cfg, envp, &errs);
+    eng.cfg_ready = true;
+    apply_log_settings(&eng.cfg);
     if (rc != FS_OK) {
         for (int i = 0; i < errs.count; i++)
             FS_ERROR("%s", errs.msg[i]);
         FS_ERROR("configuration error: the program runs unmanaged (no memory limit); fix the "
                  "setting above, then check with 'flexshim-profile config --check'");
-        engine_active = false;
+        eng.active = false;
         return FS_ERR_CONFIG;
     }
-    engine_active = fs_config_u64(&engine_cfg, FS_P_ENABLED) != 0;
-    FS_INFO("flexshim loaded (%s)", engine_active ? "enabled" : "disabled by FLEXTENSOR_ENABLED=0");
+    eng.active = fs_config_u64(&eng.cfg, FS_P_ENABLED) != 0;
+    FS_INFO("flexshim loaded (%s)", eng.active ? "enabled" : "disabled by FLEXTENSOR_ENABLED=0");
     return FS_OK;
+}
+
+void fs_engine_set_tracker(int (*start)(void))
+{
+    eng.tracker = start;
+}
+
+void fs_engine_use_device(struct fs_device *dev)
+{
+    eng.dev = dev;
+    eng.dev_injected = dev != NULL;
 }
 
 const struct fs_config *fs_engine_config(void)
 {
-    if (!engine_cfg_ready) {
-        fs_config_defaults(&engine_cfg);
-        engine_cfg_ready = true;
+    if (!eng.cfg_ready) {
+        fs_config_defaults(&eng.cfg);
+        eng.cfg_ready = true;
     }
-    return &engine_cfg;
+    return &eng.cfg;
 }
 
 bool fs_engine_active(void)
 {
-    return engine_active;
+    return eng.active && __atomic_load_n(&eng.start_state, __ATOMIC_ACQUIRE) != START_FAILED;
 }
 
-int fs_engine_alloc(uint64_t size, uint64_t *ptr_out)
+static void format_bytes(uint64_t v, char *buf, size_t len)
 {
-    (void)size;
-    (void)ptr_out;
-    return FS_ERR_UNSUPPORTED;
+    static const char *const units[] = {"B", "KiB", "MiB", "GiB", "TiB"};
+    double d = (double)v;
+    int u = 0;
+    while (d >= 1024 && u < 4) {
+        d /= 1024;
+        u++;
+    }
+    snprintf(buf, len, u ? "%.1f %s" : "%.0f %s", d, units[u]);
+}
+
+static int start_locked(void)
+{
+    const struct fs_config *cfg = fs_engine_config();
+    int ordinal = (int)fs_config_u64(cfg, FS_P_DEVICE);
+    int rc = FS_OK;
+    if (!eng.dev) {
+        rc = fs_device_cuda_open(ordinal, &eng.dev);
+        if (rc != FS_OK) {
+            FS_WARN("no usable CUDA device %d (%s): the program runs unmanaged", ordinal,
+                    fs_err_str(rc));
+            eng.dev = NULL;
+            return rc;
+        }
+    }
+    const struct fs_device_props *p = &eng.dev->props;
+    if (!p->host_phys_supported) {
+        FS_WARN("device %d (%s) cannot map pinned host memory at a device address, which "
+                "eviction needs: the program runs unmanaged", ordinal, p->name);
+        rc = FS_ERR_UNSUPPORTED;
+        goto fail_dev;
+    }
+    uint64_t budget = fs_config_bytes(cfg, FS_P_GPU_MEMORY_LIMIT, p->total_bytes);
+    struct fs_res_config rcfg = {
+        .budget = budget,
+        .va_space_bytes = VA_SPACE_BYTES,
+        .background_pinning = fs_config_u64(cfg, FS_P_PIN_MODE) == 0,
+        .strict_remap = fs_config_u64(cfg, FS_P_REMAP_SAFETY) == 0,
+    };
+    rc = fs_res_init(&eng.res, eng.dev, &rcfg);
+    if (rc != FS_OK) {
+        FS_WARN("cannot set up managed memory (%s): the program runs unmanaged", fs_err_str(rc));
+        goto fail_dev;
+    }
+    rc = fs_launch_init(eng.dev);
+    if (rc != FS_OK)
+        goto fail_res;
+    if (eng.tracker) {
+        rc = eng.tracker();
+        if (rc != FS_OK)
+            goto fail_launch; /* the tracker said why */
+    }
+    eng.stats.budget = budget;
+    char b1[32], b2[32], b3[32];
+    format_bytes(budget, b1, sizeof(b1));
+    format_bytes(p->total_bytes, b2, sizeof(b2));
+    format_bytes(fs_config_u64(cfg, FS_P_MIN_OFFLOAD_BYTES), b3, sizeof(b3));
+    FS_INFO("managing device %d (%s, %s): budget %s for allocations of %s and more", ordinal,
+            p->name, b2, b1, b3);
+    return FS_OK;
+fail_launch:
+    fs_launch_shutdown();
+fail_res:
+    fs_res_destroy(&eng.res);
+fail_dev:
+    if (!eng.dev_injected) {
+        eng.dev->ops->close(eng.dev);
+        eng.dev = NULL;
+    }
+    return rc;
+}
+
+/* Start on first use; FS_OK once started. */
+static int ensure_started(void)
+{
+    int state = __atomic_load_n(&eng.start_state, __ATOMIC_ACQUIRE);
+    if (FS_LIKELY(state == STARTED))
+        return FS_OK;
+    if (state == START_FAILED || !eng.active)
+        return FS_ERR_UNSUPPORTED;
+    pthread_mutex_lock(&eng.start_lock);
+    state = __atomic_load_n(&eng.start_state, __ATOMIC_ACQUIRE);
+    if (state == NOT_STARTED) {
+        state = start_locked() == FS_OK ? STARTED : START_FAILED;
+        __atomic_store_n(&eng.start_state, state, __ATOMIC_RELEASE);
+    }
+    pthread_mutex_unlock(&eng.start_lock);
+    return state == STARTED ? FS_OK : FS_ERR_UNSUPPORTED;
+}
+
+static bool started(void)
+{
+    return __atomic_load_n(&eng.start_state, __ATOMIC_ACQUIRE) == STARTED;
+}
+
+int fs_engine_alloc(uint64_t size, int ordinal, uint64_t *ptr_out)
+{
+    if (!eng.active || size < fs_config_u64(&eng.cfg, FS_P_MIN_OFFLOAD_BYTES))
+        return FS_ERR_UNSUPPORTED;
+    if (ordinal != (int)fs_config_u64(&eng.cfg, FS_P_DEVICE)) {
+        FS_LOG_ONCE(FS_LOG_WARN, "allocations on device %d pass through unmanaged: flexshim "
+                    "manages one device per process, device %d (set FLEXTENSOR_DEVICE)",
+                    ordinal, (int)fs_config_u64(&eng.cfg, FS_P_DEVICE));
+        return FS_ERR_UNSUPPORTED;
+    }
+    if (ensure_started() != FS_OK)
+        return FS_ERR_UNSUPPORTED;
+    fs_dptr va;
+    int rc = fs_res_alloc(&eng.res, size, &va);
+    if (rc != FS_OK) {
+        /* Invariant 4: an internal failure falls back to a plain allocation. */
+        FS_WARN("managing a %llu-byte allocation failed (%s); it passes through",
+                (unsigned long long)size, fs_err_str(rc));
+        return FS_ERR_UNSUPPORTED;
+    }
+    STAT_ADD(managed_allocs, 1);
+    STAT_ADD(managed_bytes, size);
+    *ptr_out = va;
+    return FS_OK;
 }
 
 void fs_engine_note_passthrough(uint64_t size)
@@ -69,15 +210,59 @@ void fs_engine_note_passthrough(uint64_t size)
 
 int fs_engine_free(uint64_t ptr)
 {
-    (void)ptr;
     STAT_ADD(free_calls, 1);
-    return FS_ERR_NOT_FOUND;
+    if (!started())
+        return FS_ERR_NOT_FOUND;
+    return fs_res_free(&eng.res, ptr);
+}
+
+bool fs_engine_owns(uint64_t ptr, int *ordinal)
+{
+    if (!started() || !fs_res_lookup(&eng.res, ptr))
+        return false;
+    *ordinal = eng.dev->props.ordinal;
+    return true;
+}
+
+int fs_engine_mem_info(uint64_t *free_bytes, uint64_t *total_bytes)
+{
+    if (fs_config_u64(&eng.cfg, FS_P_MEMINFO_VIEW) != 0 || ensure_started() != FS_OK)
+        return FS_ERR_UNSUPPORTED;
+    uint64_t dev_free, dev_total;
+    int rc = fs_dev_call(eng.dev, mem_info, &dev_free, &dev_total);
+    if (rc != FS_OK)
+        return rc;
+    /* The budget's view: what managed allocations may still take, never more than is free. */
+    uint64_t total = eng.stats.budget < dev_total ? eng.stats.budget : dev_total;
+    uint64_t used = fs_res_device_bytes(&eng.res);
+    uint64_t left = used < total ? total - used : 0;
+    *total_bytes = total;
+    *free_bytes = left < dev_free ? left : dev_free;
+    return FS_OK;
+}
+
+void fs_engine_launch_enter(const struct fs_launch_desc *d, struct fs_launch_ticket *t)
+{
+    if (FS_UNLIKELY(!started())) {
+        t->active = false;
+        return;
+    }
+    fs_launch_enter(&eng.res, d, t);
+}
+
+void fs_engine_launch_exit(struct fs_launch_ticket *t, bool queued)
+{
+    if (t->active)
+        fs_launch_exit(&eng.res, t, queued);
 }
 
 void fs_engine_get_stats(struct fs_engine_stats *out)
 {
     __atomic_thread_fence(__ATOMIC_SEQ_CST);
-    memcpy(out, &engine_stats, sizeof(*out));
+    memcpy(out, &eng.stats, sizeof(*out));
+    if (started())
+        fs_res_get_stats(&eng.res, &out->res);
+    fs_launch_get_stats(&out->launch);
 }
 
 void fs_engine_shutdown(void)
@@ -85,7 +270,39 @@ void fs_engine_shutdown(void)
     struct fs_engine_stats s;
     fs_engine_get_stats(&s);
     FS_INFO("allocations: %llu managed (%llu bytes), %llu passed through (%llu bytes); %llu frees",
-            (unsigned long long)s.managed_allocs,
-            (unsigned long long)s.managed_bytes, (unsigned long long)s.passthrough_allocs,
-            (unsigned long long)s.passthrough_bytes, (unsigned long long)s.free_calls);
+            (unsigned long long)s.managed_allocs, (unsigned long long)s.managed_bytes,
+            (unsigned long long)s.passthrough_allocs, (unsigned long long)s.passthrough_bytes,
+            (unsigned long long)s.free_calls);
+    if (!started())
+        return;
+    char budget[32], peak[32], held[32];
+    format_bytes(s.budget, budget, sizeof(budget));
+    format_bytes(s.res.device_bytes_peak, peak, sizeof(peak));
+    format_bytes(s.res.host_bytes_held, held, sizeof(held));
+    FS_INFO("residency: budget %s, device peak %s, pinned host %s; %llu evictions (%llu bytes), "
+            "%llu fault-ins (%llu bytes), %llu placed on host, %llu host-served references, "
+            "%llu forced synchronizes, %llu internal failures",
+            budget, peak, held, (unsigned long long)s.res.evictions,
+            (unsigned long long)s.res.evicted_bytes, (unsigned long long)s.res.faults,
+            (unsigned long long)s.res.faulted_bytes, (unsigned long long)s.res.placed_on_host,
+            (unsigned long long)s.res.host_served, (unsigned long long)s.res.quiesce_syncs,
+            (unsigned long long)s.res.failures);
+    FS_INFO("launches: %llu seen, %llu referencing managed memory, %llu unknown (parameters "
+            "unreadable), %llu layout queries",
+            (unsigned long long)s.launch.launches, (unsigned long long)s.launch.with_refs,
+            (unsigned long long)s.launch.unknown, (unsigned long long)s.launch.layout_queries);
+}
+
+void fs_engine_teardown(void)
+{
+    if (started()) {
+        fs_launch_shutdown();
+        fs_res_destroy(&eng.res);
+        if (!eng.dev_injected)
+            eng.dev->ops->close(eng.dev);
+    }
+    pthread_mutex_t lock = PTHREAD_MUTEX_INITIALIZER;
+    memset(&eng, 0, sizeof(eng));
+    eng.start_lock = lock;
+    fs_log_close();
 }

@@ -1,5 +1,9 @@
 /* The engine's entry points: what the shim's hooks forward to. The engine never knows how it was
- * called; hooks translate its fs_err results into the caller's API. */
+ * called; hooks translate its fs_err results into the caller's API.
+ *
+ * The engine starts at the first allocation it could manage (or the first memory query): it opens
+ * the device, reserves the managed address range and starts the launch tracker the shim
+ * registered. If any of that fails it says why once and every call passes through. */
 #ifndef FS_ENGINE_H
 #define FS_ENGINE_H
 
@@ -7,13 +11,18 @@
 #include <stdint.h>
 
 #include "config.h"
+#include "device.h"
+#include "launch.h"
 
 struct fs_engine_stats {
-    uint64_t free_calls;
-    uint64_t managed_allocs;     /* backed by flexshim's virtual memory */
-    uint64_t passthrough_allocs; /* handed to CUDA unchanged (small, unmanageable, or disabled) */
-    uint64_t passthrough_bytes;
+    uint64_t managed_allocs;     /* live and past */
     uint64_t managed_bytes;
+    uint64_t passthrough_allocs; /* handed to CUDA unchanged (small, other device, unmanaged) */
+    uint64_t passthrough_bytes;
+    uint64_t free_calls;
+    uint64_t budget;
+    struct fs_res_stats res;
+    struct fs_launch_stats launch;
 };
 
 /* Read the configuration from ENVP (and the INI file it names), set up the log. Called once,
@@ -22,23 +31,46 @@ struct fs_engine_stats {
  * inactive (every call passes through). */
 int fs_engine_init(char *const *envp);
 
+/* The function that starts launch tracking (CUPTI in the shim); called once when the engine
+ * starts. Without one (tests), launches are reported by the caller alone. */
+void fs_engine_set_tracker(int (*start)(void));
+
+/* Use DEV instead of opening the CUDA device (tests with the simulated device). */
+void fs_engine_use_device(struct fs_device *dev);
+
 /* The configuration in force (defaults until fs_engine_init ran). */
 const struct fs_config *fs_engine_config(void);
 
-/* True when allocations may be managed (enabled and configured without errors). */
+/* True when allocations may be managed (enabled, configured without errors, started or not yet
+ * tried). */
 bool fs_engine_active(void);
 
-/* Allocation of SIZE bytes. FS_ERR_UNSUPPORTED: not managed, the caller passes it through and
- * then reports it with fs_engine_note_passthrough. */
-int fs_engine_alloc(uint64_t size, uint64_t *ptr_out);
+/* Allocation of SIZE bytes on device ORDINAL. FS_ERR_UNSUPPORTED: not managed, the caller passes
+ * it through and then reports it with fs_engine_note_passthrough. */
+int fs_engine_alloc(uint64_t size, int ordinal, uint64_t *ptr_out);
 void fs_engine_note_passthrough(uint64_t size);
 
 /* Free. FS_ERR_NOT_FOUND: not a managed allocation, the caller passes it through. */
 int fs_engine_free(uint64_t ptr);
 
+/* Is PTR inside a managed allocation? Its device ordinal in *ORDINAL. */
+bool fs_engine_owns(uint64_t ptr, int *ordinal);
+
+/* Free and total memory as the program should see them (MEMINFO_VIEW). FS_ERR_UNSUPPORTED: pass
+ * the query through. */
+int fs_engine_mem_info(uint64_t *free_bytes, uint64_t *total_bytes);
+
+/* Launch notifications (see launch.h); cheap no-ops until the engine has started. */
+void fs_engine_launch_enter(const struct fs_launch_desc *d, struct fs_launch_ticket *t);
+void fs_engine_launch_exit(struct fs_launch_ticket *t, bool queued);
+
 void fs_engine_get_stats(struct fs_engine_stats *out);
 
-/* At exit: the summary line(s) at info level, timing report if configured. */
+/* At exit: the summary at info level. The program's memory stays mapped (CUDA may already be
+ * tearing down, and the program may still touch it from other destructors). */
 void fs_engine_shutdown(void);
+
+/* Tests: release everything the engine holds and return to the state before fs_engine_init. */
+void fs_engine_teardown(void);
 
 #endif

@@ -103,6 +103,8 @@ int fs_phys_pool_get(struct fs_phys_pool *pool, uint64_t size, bool grow, struct
         return rc;
     pthread_mutex_lock(&pool->lock);
     pool->held_bytes += size;
+    if (pool->held_bytes > pool->held_peak)
+        pool->held_peak = pool->held_bytes;
     pool->blocks_created++;
     pthread_mutex_unlock(&pool->lock);
     return FS_OK;
@@ -148,6 +150,8 @@ void fs_phys_pool_adopt(struct fs_phys_pool *pool, struct fs_block *b)
 {
     pthread_mutex_lock(&pool->lock);
     pool->held_bytes += b->size;
+    if (pool->held_bytes > pool->held_peak)
+        pool->held_peak = pool->held_bytes;
     pool->blocks_created++;
     pthread_mutex_unlock(&pool->lock);
 }
@@ -171,6 +175,14 @@ uint64_t fs_phys_pool_held(struct fs_phys_pool *pool)
 {
     pthread_mutex_lock(&pool->lock);
     uint64_t v = pool->held_bytes;
+    pthread_mutex_unlock(&pool->lock);
+    return v;
+}
+
+uint64_t fs_phys_pool_held_peak(struct fs_phys_pool *pool)
+{
+    pthread_mutex_lock(&pool->lock);
+    uint64_t v = pool->held_peak;
     pthread_mutex_unlock(&pool->lock);
     return v;
 }

@@ -32,6 +32,7 @@ struct fs_phys_pool {
     int nfree, cap_free;
     uint64_t held_bytes; /* every block of this pool, in use or cached */
     uint64_t free_bytes; /* cached */
+    uint64_t held_peak;
     uint64_t blocks_created, blocks_released;
 };
 
@@ -55,6 +56,7 @@ void fs_phys_pool_adopt(struct fs_phys_pool *pool, struct fs_block *b);
 uint64_t fs_phys_pool_trim(struct fs_phys_pool *pool, uint64_t want);
 
 uint64_t fs_phys_pool_held(struct fs_phys_pool *pool);
+uint64_t fs_phys_pool_held_peak(struct fs_phys_pool *pool);
 
 /* Copy SIZE bytes between an allocation at VA and block B on STREAM (TO_BLOCK: va -> block). */
 int fs_block_copy(struct fs_device *dev, const struct fs_block *b, fs_dptr va, uint64_t size,

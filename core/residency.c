@@ -141,6 +141,7 @@ int fs_res_init(struct fs_residency *res, struct fs_device *dev, const struct fs
     memset(res, 0, sizeof(*res));
     res->dev = dev;
     res->budget = cfg->budget;
+    res->strict = cfg->strict_remap;
     uint64_t g = dev->props.granularity;
     int rc = fs_va_space_init(&res->vs, dev, cfg->va_space_bytes, 64 * g);
     if (rc != FS_OK)
@@ -242,20 +243,35 @@ static void end_move(struct fs_residency *res, struct fs_alloc *a, int state)
     pthread_cond_broadcast(&res->moved);
 }
 
-/* Wait until no launch that may touch A is queued or running (lock held, A moving). */
-static int wait_quiet(struct fs_residency *res, struct fs_alloc *a)
+/* Strict mode: stop new launches at the gate, let the ones being queued finish queuing, and wait
+ * for all queued work, so nothing (not even a kernel holding A's address in device memory) can be
+ * touching A during the remap. Tracked mode: wait only for what may reference A. Lock held, A
+ * moving. Pair with quiesce_end. */
+static int quiesce_begin(struct fs_residency *res, struct fs_alloc *a)
 {
     uint64_t epoch = LOAD(&res->epoch);
-    if (LOAD(&a->touch_epoch) < epoch && LOAD(&res->unknown_epoch) < epoch)
-        return FS_OK; /* untouched since the last full synchronize */
-    struct fs_shared_event *e = a->last_use;
-    if (LOAD(&res->unknown_epoch) < epoch && e && a->event_tick >= LOAD(&a->last_tick))
-        return fs_dev_call(res->dev, event_sync, e->ev);
+    if (res->strict) {
+        __atomic_add_fetch(&res->gate, 1, __ATOMIC_SEQ_CST);
+        while (__atomic_load_n(&res->launches_inflight, __ATOMIC_SEQ_CST) != 0)
+            sched_yield();
+    } else {
+        if (LOAD(&a->touch_epoch) < epoch && LOAD(&res->unknown_epoch) < epoch)
+            return FS_OK; /* untouched since the last full synchronize */
+        struct fs_shared_event *e = a->last_use;
+        if (LOAD(&res->unknown_epoch) < epoch && e && a->event_tick >= LOAD(&a->last_tick))
+            return fs_dev_call(res->dev, event_sync, e->ev);
+    }
     STAT(res, quiesce_syncs, 1);
     int rc = fs_dev_call(res->dev, ctx_sync);
     if (rc == FS_OK)
         STORE(&res->epoch, epoch + 1);
     return rc;
+}
+
+static void quiesce_end(struct fs_residency *res)
+{
+    if (res->strict)
+        __atomic_sub_fetch(&res->gate, 1, __ATOMIC_SEQ_CST);
 }
 
 /* Replace A's mapping FROM by TO; on failure map FROM again so the VA stays mapped. */
@@ -292,13 +308,14 @@ static int evict_locked(struct fs_residency *res, struct fs_alloc *a)
             goto fail;
         attach_host(res, a, b);
     }
-    rc = wait_quiet(res, a);
+    rc = quiesce_begin(res, a);
     if (rc == FS_OK)
         rc = fs_block_copy(res->dev, a->host, a->va, a->mapped, true, res->d2h);
     if (rc == FS_OK)
         rc = fs_dev_call(res->dev, stream_sync, res->d2h);
     if (rc == FS_OK)
         rc = remap(res, a, a->dev, a->host);
+    quiesce_end(res);
     if (rc != FS_OK)
         goto fail;
     fs_phys_pool_put(&res->dev_pool, a->dev);
@@ -382,13 +399,14 @@ static int fault_in_locked(struct fs_residency *res, struct fs_alloc *a,
     /* Launches reading A from host may still be queued: they must finish before the remap. */
     while ((rc = begin_move(a)) == FS_ERR_NOT_READY)
         sched_yield();
-    rc = wait_quiet(res, a);
+    rc = quiesce_begin(res, a);
     if (rc == FS_OK)
         rc = fs_block_copy(res->dev, a->dev, a->va, a->mapped, true, res->h2d);
     if (rc == FS_OK)
         rc = fs_dev_call(res->dev, stream_sync, res->h2d);
     if (rc == FS_OK)
         rc = remap(res, a, a->host, a->dev);
+    quiesce_end(res);
     if (rc != FS_OK) {
         fs_phys_pool_put(&res->dev_pool, a->dev);
         a->dev = NULL;
@@ -518,11 +536,33 @@ int fs_res_free(struct fs_residency *res, fs_dptr va)
 
 /* ---- launches ------------------------------------------------------------------------------- */
 
+/* Strict mode: count the launch as being queued, unless a remap is waiting at the gate. */
+static void enter_gate(struct fs_residency *res)
+{
+    if (!res->strict)
+        return;
+    for (;;) {
+        __atomic_add_fetch(&res->launches_inflight, 1, __ATOMIC_SEQ_CST);
+        if (__atomic_load_n(&res->gate, __ATOMIC_SEQ_CST) == 0)
+            return;
+        __atomic_sub_fetch(&res->launches_inflight, 1, __ATOMIC_SEQ_CST);
+        pthread_mutex_lock(&res->lock); /* the mover holds it until the remap is done */
+        pthread_mutex_unlock(&res->lock);
+    }
+}
+
+static void leave_gate(struct fs_residency *res)
+{
+    if (res->strict)
+        __atomic_sub_fetch(&res->launches_inflight, 1, __ATOMIC_SEQ_CST);
+}
+
 uint64_t fs_res_launch_begin(struct fs_residency *res, struct fs_alloc *const *allocs, int n,
                              fs_stream stream)
 {
     uint64_t tick = __atomic_add_fetch(&res->tick, 1, __ATOMIC_RELAXED);
     uint64_t epoch = LOAD(&res->epoch);
+    enter_gate(res);
     bool slow = false;
     for (int i = 0; i < n; i++) {
         struct fs_alloc *a = allocs[i];
@@ -543,24 +583,23 @@ uint64_t fs_res_launch_begin(struct fs_residency *res, struct fs_alloc *const *a
     /* Slow path: drop the holds, move what is needed under the lock, take the holds again. */
     for (int i = 0; i < n; i++)
         __atomic_sub_fetch(&allocs[i]->inflight, 1, __ATOMIC_SEQ_CST);
+    leave_gate(res);
     pthread_mutex_lock(&res->lock);
     for (int i = 0; i < n; i++) {
         struct fs_alloc *a = allocs[i];
         while (LOAD(&a->state) == FS_RES_MOVING)
             pthread_cond_wait(&res->moved, &res->lock);
-        if (LOAD(&a->state) == FS_RES_HOST && !capturing) {
-            uint64_t before = res->stats.faults;
-            if (fault_in_locked(res, a, allocs, n) == FS_OK) {
-                STAT(res, faults, 1);
-                STAT(res, faulted_bytes, a->mapped);
-            } else if (res->stats.faults == before) {
-                STAT(res, host_served, 1);
-            }
+        if (LOAD(&a->state) == FS_RES_HOST && !capturing &&
+            fault_in_locked(res, a, allocs, n) == FS_OK) {
+            STAT(res, faults, 1);
+            STAT(res, faulted_bytes, a->mapped);
         } else if (LOAD(&a->state) == FS_RES_HOST) {
             STAT(res, host_served, 1);
         }
     }
-    /* Under the lock nothing moves, so these holds are safe without the handshake. */
+    /* Under the lock nothing moves and the gate is open, so these holds need no handshake. */
+    if (res->strict)
+        __atomic_add_fetch(&res->launches_inflight, 1, __ATOMIC_SEQ_CST);
     for (int i = 0; i < n; i++)
         __atomic_add_fetch(&allocs[i]->inflight, 1, __ATOMIC_SEQ_CST);
     pthread_mutex_unlock(&res->lock);
@@ -571,7 +610,7 @@ void fs_res_launch_done(struct fs_residency *res, uint64_t tick, fs_stream strea
                         struct fs_alloc *const *allocs, int n, bool queued)
 {
     struct fs_shared_event *e = NULL;
-    if (queued && n > 0 && LOAD(&res->pressure)) {
+    if (queued && n > 0 && !res->strict && LOAD(&res->pressure)) {
         e = event_get(res);
         if (e && fs_dev_call(res->dev, event_record, e->ev, stream) != FS_OK) {
             e->refs = 1;
@@ -594,6 +633,7 @@ void fs_res_launch_done(struct fs_residency *res, uint64_t tick, fs_stream strea
     }
     for (int i = 0; i < n; i++)
         __atomic_sub_fetch(&allocs[i]->inflight, 1, __ATOMIC_SEQ_CST);
+    leave_gate(res);
 }
 
 /* ---- planner entry points ------------------------------------------------------------------- */
@@ -628,6 +668,7 @@ void fs_res_get_stats(struct fs_residency *res, struct fs_res_stats *out)
     *out = res->stats;
     pthread_mutex_unlock(&res->lock);
     out->device_bytes_held = fs_phys_pool_held(&res->dev_pool);
+    out->device_bytes_peak = fs_phys_pool_held_peak(&res->dev_pool);
     out->host_bytes_held = fs_phys_pool_held(&res->host_pool);
 }
 

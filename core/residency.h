@@ -3,13 +3,16 @@
  * A managed allocation is a VA range of the managed space (va_space.h) that is always mapped
  * (invariant 1): to device physical memory when resident, to pinned host memory when evicted.
  * Moving it copies the bytes into the other side's block (phys_pool.h), then remaps the VA once
- * the range is quiet (invariant 2):
- *   - a launch between its enter and exit notifications holds the allocation (inflight > 0), so
- *     it is never remapped under a launch being queued;
- *   - after exit, its last-use event (recorded only once memory pressure began) must have fired;
- *   - an allocation touched in the current quiescence epoch with no event, or any launch whose
- *     parameters could not be read in this epoch, forces a full device synchronize first, which
- *     starts a new epoch.
+ * the range is quiet (invariant 2). A launch between its enter and exit notifications holds the
+ * allocations it references (inflight > 0), so none is remapped under a launch being queued.
+ * Then, by REMAP_SAFETY:
+ *   - strict (default): a remap closes a gate that makes new launches wait, lets launches being
+ *     queued finish queuing, and synchronizes the device: nothing can touch the range, not even
+ *     a kernel that reaches it through a pointer kept in device memory;
+ *   - tracked: only launches that referenced the allocation are waited for: its last-use event
+ *     (recorded once memory pressure began) must have fired; an allocation touched in the
+ *     current quiescence epoch with no covering event, or any launch whose parameters could not
+ *     be read in this epoch, forces a full synchronize first, which starts a new epoch.
  * Eviction always writes the device bytes back to host (invariant 3: no unchecked shortcut).
  *
  * All state changes happen under one mutex; the launch hot path (launch.c) only reads atomics. */
@@ -57,6 +60,7 @@ struct fs_alloc {
 struct fs_res_stats {
     uint64_t allocs_live, bytes_live;
     uint64_t device_bytes_held; /* device pool, in use and cached */
+    uint64_t device_bytes_peak;
     uint64_t host_bytes_held;   /* host pool */
     uint64_t evictions, evicted_bytes;
     uint64_t faults, faulted_bytes;   /* on-demand fault-ins */
@@ -81,6 +85,9 @@ struct fs_residency {
     uint64_t epoch;         /* atomic */
     uint64_t unknown_epoch; /* epoch of the last unreadable launch, atomic */
     uint64_t tick;          /* launch counter, atomic */
+    bool strict;            /* REMAP_SAFETY=strict */
+    int gate;               /* strict: remaps waiting or running, atomic */
+    int launches_inflight;  /* strict: launches between enter and exit, atomic */
     int pressure;           /* record last-use events (atomic); set at the first eviction */
     pthread_mutex_t ev_lock; /* guards free_events only */
     struct fs_shared_event *free_events;
@@ -96,6 +103,7 @@ struct fs_res_config {
     uint64_t budget;
     uint64_t va_space_bytes; /* managed address range to reserve */
     bool background_pinning;
+    bool strict_remap;       /* REMAP_SAFETY=strict */
 };
 
 int fs_res_init(struct fs_residency *res, struct fs_device *dev, const struct fs_res_config *cfg);
@@ -121,7 +129,8 @@ int fs_res_make_resident(struct fs_residency *res, struct fs_alloc *a);
 /* Evict A to host (write-back). FS_ERR_NOT_READY when a launch holds it. */
 int fs_res_evict(struct fs_residency *res, struct fs_alloc *a);
 
-/* Begin a launch that references ALLOCS (distinct): take a hold on each so none is remapped
+/* Begin a launch (every launch, N may be 0) that references ALLOCS (distinct): in strict mode
+ * wait while a remap is in progress; take a hold on each so none is remapped
  * while the launch is queued, bringing evicted ones onto the device first (on-demand fault-in;
  * while STREAM is capturing nothing may synchronize or remap, so they are used where they
  * are). Returns the

@@ -2,6 +2,16 @@
 #include "engine.h"
 #include "hook.h"
 
+/* The device the calling thread allocates on (the runtime's current device). */
+static int current_device(void)
+{
+    int dev = 0;
+    __typeof__(&cudaGetDevice) get = FS_CUDART(cudaGetDevice);
+    if (!get || get(&dev) != cudaSuccess)
+        return -1;
+    return dev;
+}
+
 FS_EXPORT cudaError_t cudaMalloc(void **devPtr, size_t size)
 {
     __typeof__(&cudaMalloc) real = FS_CUDART(cudaMalloc);
@@ -12,7 +22,8 @@ FS_EXPORT cudaError_t cudaMalloc(void **devPtr, size_t size)
         return real(devPtr, size);
     }
     uint64_t ptr = 0;
-    int rc = fs_engine_alloc(size, &ptr);
+    int rc = fs_engine_active() ? fs_engine_alloc(size, current_device(), &ptr)
+                                : FS_ERR_UNSUPPORTED;
     cudaError_t res;
     if (rc == FS_ERR_UNSUPPORTED) {
         res = real(devPtr, size);
@@ -36,7 +47,7 @@ FS_EXPORT cudaError_t cudaMallocPitch(void **devPtr, size_t *pitch, size_t width
         fs_hook_leave();
         return real(devPtr, pitch, width, height);
     }
-    /* Pitched allocations are not managed: CUDA chooses the pitch. */
+    /* Pitched allocations are not managed: CUDA chooses the pitch (they are rare and small). */
     cudaError_t res = real(devPtr, pitch, width, height);
     if (res == cudaSuccess)
         fs_engine_note_passthrough((uint64_t)*pitch * height);

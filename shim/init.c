@@ -1,14 +1,14 @@
 /* Library constructor and destructor: read the configuration before main(), report at exit. */
-#include <unistd.h>
-
 #include "engine.h"
 #include "hook.h"
+#include "shim.h"
 
 extern char **environ;
 
 __attribute__((constructor)) static void fs_shim_load(void)
 {
     fs_hook_depth++;
+    fs_engine_set_tracker(fs_shim_tracking_start);
     fs_engine_init(environ);
     fs_hook_depth--;
 }

@@ -38,7 +38,9 @@ expect "calls reach the shim (exit summary)" "$tmp/basic" '^\[flexshim [0-9]+\] 
 expect "log level read from the environment" "$tmp/basic" 'info: flexshim loaded \(enabled\)'
 
 run_prog "$tmp/quiet"
-expect_not "default log level is quiet" "$tmp/quiet" '\[flexshim'
+expect_not "default log level shows no info lines" "$tmp/quiet" '\] info:'
+expect "no GPU driver: said once, program runs unmanaged" "$tmp/quiet" 'warn: no usable CUDA device 0 \(not supported\): the program runs unmanaged'
+[ "$(grep -c '\[flexshim' "$tmp/quiet")" = 1 ] && ok "no GPU driver: one line only" || fail "no GPU driver: one line only" "$(cat "$tmp/quiet")"
 
 # 2. The INI file named by FLEXTENSOR_CONFIG is read; the environment overrides it.
 printf '[flexshim]\nlog_level = info\nenabled = 0\n' >"$tmp/f.ini"

@@ -1,6 +1,7 @@
-/* The simulated device: capacity, VA and mapping rules, data through mappings, the clock
- * (copy timing, engines, deferred effects), events, kernels, sticky failures, unsafe unmaps,
- * failure injection and threads. */
+/* The simulated device: capacity, VA and mapping rules (whole allocations only, as the driver),
+ * data through mappings, the clock (copy timing, engines, deferred effects), events, kernels,
+ * graph capture, kernel parameter layouts, sticky failures, unsafe unmaps, failure injection and
+ * threads. */
 #include <pthread.h>
 
 #include "device_sim.h"
@@ -258,12 +259,25 @@ static void test_map_rules(void **state)
     assert_int_equal(fs_dev_call(d, map, va, 2 * G, p, G), FS_ERR_INVALID);
     assert_int_equal(fs_dev_call(d, map, va, G, p, 2 * G), FS_ERR_INVALID);
     /* Outside any reservation, or running off the end of one. */
-    assert_int_equal(fs_dev_call(d, map, va - 8 * G, G, p, 0), FS_ERR_INVALID);
+    assert_int_equal(fs_dev_call(d, map, va - 8 * G, 2 * G, p, 0), FS_ERR_INVALID);
     assert_int_equal(fs_dev_call(d, map, va + 3 * G, 2 * G, p, 0), FS_ERR_INVALID);
     /* Not a phys handle of ours. */
     fs_phys bogus = (fs_phys)&vb;
     assert_int_equal(fs_dev_call(d, map, va, G, bogus, 0), FS_ERR_INVALID);
     assert_int_equal(fs_dev_call(d, map, va, G, NULL, 0), FS_ERR_INVALID);
+
+    /* Only whole allocations map (as on the GPU): part of one, or from an offset, is refused
+     * with UNSUPPORTED and changes nothing. */
+    struct fs_sim_stats st;
+    assert_int_equal(fs_dev_call(d, map, va, G, p, 0), FS_ERR_UNSUPPORTED);
+    assert_int_equal(fs_dev_call(d, map, va, G, p, G), FS_ERR_UNSUPPORTED);
+    assert_int_equal(d->ops->last_native_error(d), FS_ERR_UNSUPPORTED);
+    enum fs_mem_loc loc;
+    assert_int_equal(fs_sim_location(d, va, &loc), FS_ERR_NOT_FOUND);
+    fs_sim_get_stats(d, &st);
+    assert_int_equal(st.maps, 0);
+    assert_int_equal(fs_dev_call(d, phys_release, q), FS_OK); /* not referenced */
+    assert_int_equal(fs_dev_call(d, phys_create, G, FS_LOC_HOST, &q), FS_OK);
 
     assert_int_equal(fs_dev_call(d, map, va + G, 2 * G, p, 0), FS_OK);
     /* Overlaps: same range, start inside, end inside. */
@@ -272,22 +286,27 @@ static void test_map_rules(void **state)
     assert_int_equal(fs_dev_call(d, map, va, 2 * G, p, 0), FS_ERR_INVALID);
     /* Neighbours are fine, and one phys can be mapped twice (aliases). */
     assert_int_equal(fs_dev_call(d, map, va, G, q, 0), FS_OK);
-    assert_int_equal(fs_dev_call(d, map, va + 3 * G, G, p, G), FS_OK);
+    assert_int_equal(fs_dev_call(d, map, va + 3 * G, G, p, G), FS_ERR_UNSUPPORTED);
     assert_int_equal(fs_dev_call(d, map, vb, 2 * G, p, 0), FS_OK);
     fill(d, vb + G, G, 0x5a);
     assert_true(all_eq(d, va + 2 * G, G, 0x5a));
-    assert_true(all_eq(d, va + 3 * G, G, 0x5a));
+    assert_true(all_eq(d, va + G, G, 0));
+    assert_int_equal(fs_sim_location(d, va + 3 * G, &loc), FS_ERR_NOT_FOUND);
 
-    struct fs_sim_stats st;
     fs_sim_get_stats(d, &st);
-    assert_int_equal(st.maps, 4);
+    assert_int_equal(st.maps, 3);
+    assert_int_equal(st.maps_by_loc[FS_LOC_DEVICE], 2);
+    assert_int_equal(st.maps_by_loc[FS_LOC_HOST], 1);
 
     /* A mapped phys cannot be released, a mapped range cannot be given back. */
     assert_int_equal(fs_dev_call(d, phys_release, p), FS_ERR_INVALID);
     assert_int_equal(fs_dev_call(d, va_release, vb, 4 * G), FS_ERR_INVALID);
     assert_int_equal(fs_dev_call(d, unmap, vb, 2 * G), FS_OK);
     assert_int_equal(fs_dev_call(d, va_release, vb, 4 * G), FS_OK);
-    assert_int_equal(fs_dev_call(d, unmap, va, 4 * G), FS_OK); /* three segments at once */
+    /* One mapping per unmap: two adjacent ones at once are refused. */
+    assert_int_equal(fs_dev_call(d, unmap, va, 3 * G), FS_ERR_INVALID);
+    assert_int_equal(fs_dev_call(d, unmap, va, G), FS_OK);
+    assert_int_equal(fs_dev_call(d, unmap, va + G, 2 * G), FS_OK);
     assert_int_equal(fs_dev_call(d, phys_release, p), FS_OK);
     assert_int_equal(fs_dev_call(d, phys_release, q), FS_OK);
     assert_int_equal(fs_dev_call(d, va_release, va, 4 * G), FS_OK);
@@ -299,36 +318,49 @@ static void test_unmap_rules(void **state)
 {
     (void)state;
     struct fs_device *d = open_small();
-    fs_phys p;
+    fs_phys p, q;
     fs_dptr va;
-    assert_int_equal(fs_dev_call(d, phys_create, 4 * G, FS_LOC_DEVICE, &p), FS_OK);
+    assert_int_equal(fs_dev_call(d, phys_create, 2 * G, FS_LOC_DEVICE, &p), FS_OK);
+    assert_int_equal(fs_dev_call(d, phys_create, G, FS_LOC_HOST, &q), FS_OK);
     assert_int_equal(fs_dev_call(d, va_reserve, 8 * G, &va), FS_OK);
-    /* Piecewise: [0,2G) and [2G,3G) mapped, [4G,5G) mapped, a hole at [3G,4G). */
+    /* p at [0,2G), q at [2G,3G), p again (an alias) at [4G,6G); a hole at [3G,4G). */
     assert_int_equal(fs_dev_call(d, map, va, 2 * G, p, 0), FS_OK);
-    assert_int_equal(fs_dev_call(d, map, va + 2 * G, G, p, 2 * G), FS_OK);
-    assert_int_equal(fs_dev_call(d, map, va + 4 * G, G, p, 3 * G), FS_OK);
+    assert_int_equal(fs_dev_call(d, map, va + 2 * G, G, q, 0), FS_OK);
+    assert_int_equal(fs_dev_call(d, map, va + 4 * G, 2 * G, p, 0), FS_OK);
 
-    assert_int_equal(fs_dev_call(d, unmap, va, G), FS_ERR_INVALID);     /* half a segment */
+    /* Exactly one earlier mapping or nothing (the driver refuses part of a mapping). */
+    assert_int_equal(fs_dev_call(d, unmap, va, G), FS_ERR_INVALID);         /* head half */
+    assert_int_equal(fs_dev_call(d, unmap, va + G, G), FS_ERR_INVALID);     /* tail half */
     assert_int_equal(fs_dev_call(d, unmap, va + G, 2 * G), FS_ERR_INVALID); /* straddles */
-    assert_int_equal(fs_dev_call(d, unmap, va, 5 * G), FS_ERR_INVALID); /* over the hole */
+    assert_int_equal(fs_dev_call(d, unmap, va, 3 * G), FS_ERR_INVALID);     /* two mappings */
+    assert_int_equal(fs_dev_call(d, unmap, va, 4 * G), FS_ERR_INVALID);     /* and the hole */
+    assert_int_equal(fs_dev_call(d, unmap, va, 6 * G), FS_ERR_INVALID);     /* over the hole */
     assert_int_equal(fs_dev_call(d, unmap, va + 3 * G, G), FS_ERR_INVALID); /* the hole */
+    assert_int_equal(fs_dev_call(d, unmap, va + 2 * G, 2 * G), FS_ERR_INVALID); /* too long */
     assert_int_equal(fs_dev_call(d, unmap, va, 0), FS_ERR_INVALID);
+    assert_int_equal(fs_dev_call(d, unmap, UINT64_MAX - G + 1, 2 * G), FS_ERR_INVALID);
     enum fs_mem_loc loc;
-    assert_int_equal(fs_sim_location(d, va + G, &loc), FS_OK); /* nothing was unmapped */
-
-    assert_int_equal(fs_dev_call(d, unmap, va, 3 * G), FS_OK); /* two whole segments */
-    assert_int_equal(fs_sim_location(d, va, &loc), FS_ERR_NOT_FOUND);
-    assert_int_equal(fs_sim_location(d, va + 2 * G, &loc), FS_ERR_NOT_FOUND);
-    assert_int_equal(fs_sim_location(d, va + 4 * G, &loc), FS_OK);
-    assert_int_equal(fs_dev_call(d, unmap, va, 3 * G), FS_ERR_INVALID); /* already unmapped */
-    assert_int_equal(fs_dev_call(d, phys_release, p), FS_ERR_INVALID);  /* still one mapping */
-    assert_int_equal(fs_dev_call(d, unmap, va + 4 * G, G), FS_OK);
-    assert_int_equal(fs_dev_call(d, phys_release, p), FS_OK);
-    assert_int_equal(fs_dev_call(d, va_release, va, 8 * G), FS_OK);
+    for (uint64_t off = 0; off < 6 * G; off += G) /* nothing was unmapped */
+        assert_int_equal(fs_sim_location(d, va + off, &loc),
+                         off == 3 * G ? FS_ERR_NOT_FOUND : FS_OK);
     struct fs_sim_stats st;
     fs_sim_get_stats(d, &st);
+    assert_int_equal(st.unmaps, 0);
+
+    assert_int_equal(fs_dev_call(d, unmap, va, 2 * G), FS_OK);
+    assert_int_equal(fs_sim_location(d, va, &loc), FS_ERR_NOT_FOUND);
+    assert_int_equal(fs_sim_location(d, va + G, &loc), FS_ERR_NOT_FOUND);
+    assert_int_equal(fs_sim_location(d, va + 2 * G, &loc), FS_OK);
+    assert_int_equal(fs_dev_call(d, unmap, va, 2 * G), FS_ERR_INVALID); /* already unmapped */
+    assert_int_equal(fs_dev_call(d, unmap, va + 2 * G, G), FS_OK);
+    assert_int_equal(fs_dev_call(d, phys_release, p), FS_ERR_INVALID); /* still one mapping */
+    assert_int_equal(fs_dev_call(d, unmap, va + 4 * G, 2 * G), FS_OK);
+    assert_int_equal(fs_dev_call(d, phys_release, p), FS_OK);
+    assert_int_equal(fs_dev_call(d, phys_release, q), FS_OK);
+    assert_int_equal(fs_dev_call(d, va_release, va, 8 * G), FS_OK);
+    fs_sim_get_stats(d, &st);
     assert_int_equal(st.maps, 3);
-    assert_int_equal(st.unmaps, 2);
+    assert_int_equal(st.unmaps, 3);
     assert_int_equal(st.unsafe_unmaps, 0);
     assert_no_leaks(d);
     d->ops->close(d);
@@ -660,7 +692,7 @@ static void test_copy_resolves_at_execution(void **state)
     fs_phys a, b;
     assert_int_equal(fs_dev_call(d, va_reserve, 2 * G, &va), FS_OK);
     assert_int_equal(fs_dev_call(d, copy_async, va, src.va, 2 * G, NULL), FS_OK);
-    /* Mapped piecewise from two allocations: a copy may span segments. */
+    /* Mapped as two allocations side by side: a copy may span mappings. */
     assert_int_equal(fs_dev_call(d, phys_create, G, FS_LOC_DEVICE, &a), FS_OK);
     assert_int_equal(fs_dev_call(d, phys_create, G, FS_LOC_HOST, &b), FS_OK);
     assert_int_equal(fs_dev_call(d, map, va, G, a, 0), FS_OK);
@@ -670,7 +702,16 @@ static void test_copy_resolves_at_execution(void **state)
     struct fs_sim_stats st;
     fs_sim_get_stats(d, &st);
     assert_int_equal(st.illegal_accesses, 0);
-    assert_int_equal(fs_dev_call(d, unmap, va, 2 * G), FS_OK);
+    assert_int_equal(st.bytes_d2d, 2 * G); /* the engine was picked from the (unmapped) dst */
+    /* And back out across both mappings at once, into one allocation. */
+    fill(d, va, G, 0x01);
+    fill(d, va + G, G, 0x02);
+    assert_int_equal(fs_dev_call(d, copy_async, src.va, va, 2 * G, NULL), FS_OK);
+    assert_int_equal(d->ops->ctx_sync(d), FS_OK);
+    assert_true(all_eq(d, src.va, G, 0x01));
+    assert_true(all_eq(d, src.va + G, G, 0x02));
+    assert_int_equal(fs_dev_call(d, unmap, va, G), FS_OK);
+    assert_int_equal(fs_dev_call(d, unmap, va + G, G), FS_OK);
     assert_int_equal(fs_dev_call(d, va_release, va, 2 * G), FS_OK);
     assert_int_equal(fs_dev_call(d, phys_release, a), FS_OK);
     assert_int_equal(fs_dev_call(d, phys_release, b), FS_OK);
@@ -875,36 +916,229 @@ static void test_kernels_serialize_and_run(void **state)
     d->ops->close(d);
 }
 
-/* A kernel range may span segments that are contiguous in one allocation; not two allocations. */
-static void test_kernel_range_across_segments(void **state)
+/* A kernel range must lie within one mapping. Two adjacent mappings are not one range, even
+ * when they alias the same allocation; a copy over the same bytes is fine. */
+static void test_kernel_range_across_mappings(void **state)
+{
+    (void)state;
+    for (int alias = 0; alias < 2; alias++) {
+        struct fs_device *d = open_small();
+        fs_phys p, q;
+        fs_dptr va, vb;
+        assert_int_equal(fs_dev_call(d, phys_create, 2 * G, FS_LOC_DEVICE, &p), FS_OK);
+        assert_int_equal(fs_dev_call(d, phys_create, 2 * G, FS_LOC_HOST, &q), FS_OK);
+        assert_int_equal(fs_dev_call(d, va_reserve, 2 * G, &va), FS_OK);
+        assert_int_equal(fs_dev_call(d, va_reserve, 4 * G, &vb), FS_OK);
+        assert_int_equal(fs_dev_call(d, map, va, 2 * G, p, 0), FS_OK);
+        fill(d, va, G, 1);
+        fill(d, va + G, G, 2);
+        /* Within one mapping: fine, up to its last byte. */
+        struct sum_ctx c = {2 * G, 0, 0};
+        uint64_t size = 2 * G;
+        assert_int_equal(fs_sim_launch(d, NULL, 100, &va, &size, 1, kernel_sum, &c), FS_OK);
+        assert_int_equal(d->ops->ctx_sync(d), FS_OK);
+        assert_int_equal(c.sum, 3 * G);
+
+        /* vb: p then (alias ? p again : q), back to back. */
+        assert_int_equal(fs_dev_call(d, map, vb, 2 * G, p, 0), FS_OK);
+        assert_int_equal(fs_dev_call(d, map, vb + 2 * G, 2 * G, alias ? p : q, 0), FS_OK);
+        if (!alias)
+            fill(d, vb + 2 * G, 2 * G, 1);
+        /* A copy across the seam reads the tail of one mapping and the head of the next. */
+        struct buf dst;
+        buf_make(d, &dst, 2 * G, FS_LOC_DEVICE);
+        fs_dptr mid = vb + G;
+        assert_int_equal(fs_dev_call(d, copy_async, dst.va, mid, 2 * G, NULL), FS_OK);
+        assert_int_equal(d->ops->ctx_sync(d), FS_OK);
+        assert_true(all_eq(d, dst.va, G, 2));
+        assert_true(all_eq(d, dst.va + G, G, 1));
+
+        c.calls = 0;
+        assert_int_equal(fs_sim_launch(d, NULL, 100, &mid, &size, 1, kernel_sum, &c), FS_OK);
+        assert_int_equal(d->ops->ctx_sync(d), FS_ERR_STICKY);
+        assert_int_equal(c.calls, 0);
+        struct fs_sim_stats st;
+        fs_sim_get_stats(d, &st);
+        assert_int_equal(st.illegal_accesses, 1);
+        assert_int_equal(st.kernels, 1);
+        d->ops->close(d); /* leaked mappings and allocations: close frees them */
+    }
+}
+
+/* ---- graph capture ------------------------------------------------------------------------ */
+
+static void test_capture_forbids_sync(void **state)
 {
     (void)state;
     struct fs_device *d = open_small();
-    fs_phys p, q;
-    fs_dptr va, vb;
-    assert_int_equal(fs_dev_call(d, phys_create, 2 * G, FS_LOC_DEVICE, &p), FS_OK);
-    assert_int_equal(fs_dev_call(d, phys_create, G, FS_LOC_DEVICE, &q), FS_OK);
-    assert_int_equal(fs_dev_call(d, va_reserve, 2 * G, &va), FS_OK);
-    assert_int_equal(fs_dev_call(d, va_reserve, 2 * G, &vb), FS_OK);
-    assert_int_equal(fs_dev_call(d, map, va, G, p, 0), FS_OK);
-    assert_int_equal(fs_dev_call(d, map, va + G, G, p, G), FS_OK);
-    fill(d, va, 2 * G, 1);
-    struct sum_ctx c = {2 * G, 0, 0};
-    uint64_t size = 2 * G;
-    assert_int_equal(fs_sim_launch(d, NULL, 100, &va, &size, 1, kernel_sum, &c), FS_OK);
-    assert_int_equal(d->ops->ctx_sync(d), FS_OK);
-    assert_int_equal(c.sum, 2 * G);
+    struct buf dv, hv;
+    buf_make(d, &dv, G, FS_LOC_DEVICE);
+    buf_make(d, &hv, G, FS_LOC_HOST);
+    fill(d, dv.va, G, 0x42);
+    fs_stream s, other;
+    fs_event e;
+    assert_int_equal(fs_sim_stream_create(d, &s), FS_OK);
+    assert_int_equal(fs_dev_call(d, stream_create, &other), FS_OK);
+    assert_int_equal(fs_dev_call(d, event_create, false, &e), FS_OK);
 
-    assert_int_equal(fs_dev_call(d, map, vb, G, p, 0), FS_OK);
-    assert_int_equal(fs_dev_call(d, map, vb + G, G, q, 0), FS_OK);
-    c.calls = 0;
-    assert_int_equal(fs_sim_launch(d, NULL, 100, &vb, &size, 1, kernel_sum, &c), FS_OK);
-    assert_int_equal(d->ops->ctx_sync(d), FS_ERR_STICKY);
-    assert_int_equal(c.calls, 0);
+    bool cap = true;
+    assert_int_equal(fs_dev_call(d, stream_capturing, s, &cap), FS_OK);
+    assert_false(cap);
+    cap = true;
+    assert_int_equal(fs_dev_call(d, stream_capturing, NULL, &cap), FS_OK);
+    assert_false(cap);
+    fs_stream bogus = (fs_stream)&cap;
+    assert_int_equal(fs_dev_call(d, stream_capturing, bogus, &cap), FS_ERR_INVALID);
+    assert_int_equal(fs_dev_call(d, stream_capturing, s, NULL), FS_ERR_INVALID);
+
+    assert_int_equal(fs_dev_call(d, copy_async, hv.va, dv.va, G, other), FS_OK);
+    assert_int_equal(fs_dev_call(d, event_record, e, other), FS_OK);
+    fs_sim_set_capturing(d, s, true);
+    assert_int_equal(fs_dev_call(d, stream_capturing, s, &cap), FS_OK);
+    assert_true(cap);
+    assert_int_equal(fs_dev_call(d, stream_capturing, other, &cap), FS_OK);
+    assert_false(cap);
+
+    /* Every synchronizing call fails, whichever stream or event it names; nothing moves. Queries
+     * and queuing are not synchronizing. */
+    assert_int_equal(fs_dev_call(d, event_query, e), FS_ERR_NOT_READY);
+    assert_int_equal(fs_dev_call(d, stream_sync, s), FS_ERR_INVALID);
+    assert_int_equal(fs_dev_call(d, stream_sync, other), FS_ERR_INVALID);
+    assert_int_equal(fs_dev_call(d, stream_sync, NULL), FS_ERR_INVALID);
+    assert_int_equal(fs_dev_call(d, event_sync, e), FS_ERR_INVALID);
+    assert_int_equal(d->ops->ctx_sync(d), FS_ERR_INVALID);
+    assert_int_equal(d->ops->last_native_error(d), FS_ERR_INVALID);
+    assert_int_equal(fs_sim_now_ns(d), 0);
+    assert_true(all_eq(d, hv.va, G, 0));
     struct fs_sim_stats st;
     fs_sim_get_stats(d, &st);
-    assert_int_equal(st.illegal_accesses, 1);
-    d->ops->close(d); /* leaked mappings and allocations: close frees them */
+    assert_int_equal(st.capture_violations, 5);
+    assert_int_equal(st.copies, 0);
+    assert_int_equal(st.illegal_accesses, 0);
+
+    /* Map and unmap still work, but every call counts (the engine must not remap now). */
+    fs_phys p;
+    fs_dptr va;
+    assert_int_equal(fs_dev_call(d, phys_create, G, FS_LOC_DEVICE, &p), FS_OK);
+    assert_int_equal(fs_dev_call(d, va_reserve, G, &va), FS_OK);
+    assert_int_equal(fs_dev_call(d, map, va, G, p, 0), FS_OK);
+    assert_int_equal(fs_dev_call(d, unmap, va, G), FS_OK);
+    assert_int_equal(fs_dev_call(d, unmap, va, G), FS_ERR_INVALID); /* refused, still counted */
+    fs_sim_get_stats(d, &st);
+    assert_int_equal(st.capture_violations, 8);
+    assert_int_equal(st.maps, 3);
+    assert_int_equal(st.unmaps, 1);
+
+    /* Marks are per stream: clearing one leaves the other; destroying a stream clears its own. */
+    fs_sim_set_capturing(d, s, true); /* again: no double count */
+    fs_sim_set_capturing(d, other, true);
+    fs_sim_set_capturing(d, s, false);
+    assert_int_equal(d->ops->ctx_sync(d), FS_ERR_INVALID);
+    assert_int_equal(fs_dev_call(d, stream_destroy, other), FS_OK);
+    assert_int_equal(fs_dev_call(d, event_sync, e), FS_OK);
+    assert_int_equal(fs_sim_now_ns(d), copy_ns(G, 55e9));
+    assert_true(all_eq(d, hv.va, G, 0x42));
+
+    /* The legacy default stream can be marked too; unknown streams are ignored. */
+    fs_sim_set_capturing(d, NULL, true);
+    assert_int_equal(fs_dev_call(d, stream_capturing, NULL, &cap), FS_OK);
+    assert_true(cap);
+    assert_int_equal(fs_dev_call(d, stream_sync, s), FS_ERR_INVALID);
+    fs_sim_set_capturing(d, NULL, false);
+    fs_sim_set_capturing(d, bogus, true);
+    assert_int_equal(d->ops->ctx_sync(d), FS_OK);
+    fs_sim_get_stats(d, &st);
+    assert_int_equal(st.capture_violations, 10);
+
+    assert_int_equal(fs_dev_call(d, phys_release, p), FS_OK);
+    assert_int_equal(fs_dev_call(d, va_release, va, G), FS_OK);
+    assert_int_equal(fs_dev_call(d, event_destroy, e), FS_OK);
+    assert_int_equal(fs_dev_call(d, stream_destroy, s), FS_OK);
+    buf_free(d, &dv);
+    buf_free(d, &hv);
+    assert_no_leaks(d);
+    d->ops->close(d);
+}
+
+/* ---- kernel parameter layouts ------------------------------------------------------------- */
+
+static void test_param_layout(void **state)
+{
+    (void)state;
+    struct fs_device *d = open_small();
+    static const char k1 = 1, k2 = 2, many[100]; /* distinct addresses stand for kernels */
+    uint32_t off[8], sz[8];
+    int n = -1;
+    struct fs_sim_stats st;
+    fs_sim_get_stats(d, &st);
+    assert_int_equal(st.param_layout_queries, 0);
+
+    /* Unregistered: the layout cannot be told. */
+    assert_int_equal(fs_dev_call(d, param_layout, &k1, off, sz, 8, &n), FS_ERR_UNSUPPORTED);
+    assert_int_equal(n, -1);
+
+    const uint32_t o1[3] = {0, 8, 16}, s1[3] = {8, 4, 8};
+    assert_int_equal(fs_sim_register_kernel(d, &k1, o1, s1, 3), FS_OK);
+    assert_int_equal(fs_dev_call(d, param_layout, &k1, off, sz, 8, &n), FS_OK);
+    assert_int_equal(n, 3);
+    assert_memory_equal(off, o1, sizeof(o1));
+    assert_memory_equal(sz, s1, sizeof(s1));
+    n = -1;
+    assert_int_equal(fs_dev_call(d, param_layout, &k1, off, sz, 3, &n), FS_OK); /* exact fit */
+    assert_int_equal(n, 3);
+    /* More parameters than the caller has room for: refused, nothing written. */
+    n = -1;
+    memset(off, 0xff, sizeof(off));
+    assert_int_equal(fs_dev_call(d, param_layout, &k1, off, sz, 2, &n), FS_ERR_INVALID);
+    assert_int_equal(n, -1);
+    assert_int_equal(off[0], 0xffffffffu);
+    assert_int_equal(fs_dev_call(d, param_layout, &k2, off, sz, 8, &n), FS_ERR_UNSUPPORTED);
+
+    /* No parameters at all; re-registration replaces. */
+    assert_int_equal(fs_sim_register_kernel(d, &k2, NULL, NULL, 0), FS_OK);
+    assert_int_equal(fs_dev_call(d, param_layout, &k2, NULL, NULL, 0, &n), FS_OK);
+    assert_int_equal(n, 0);
+    const uint32_t o2[1] = {0}, s2[1] = {16};
+    assert_int_equal(fs_sim_register_kernel(d, &k1, o2, s2, 1), FS_OK);
+    assert_int_equal(fs_dev_call(d, param_layout, &k1, off, sz, 8, &n), FS_OK);
+    assert_int_equal(n, 1);
+    assert_int_equal(off[0], 0);
+    assert_int_equal(sz[0], 16);
+
+    /* Bad registrations change nothing. */
+    assert_int_equal(fs_sim_register_kernel(d, NULL, o1, s1, 3), FS_ERR_INVALID);
+    assert_int_equal(fs_sim_register_kernel(d, &k1, NULL, s1, 3), FS_ERR_INVALID);
+    assert_int_equal(fs_sim_register_kernel(d, &k1, o1, NULL, 3), FS_ERR_INVALID);
+    assert_int_equal(fs_sim_register_kernel(d, &k1, o1, s1, -1), FS_ERR_INVALID);
+    assert_int_equal(fs_sim_register_kernel(d, &k1, o1, s1, FS_SIM_MAX_KERNEL_PARAMS + 1),
+                     FS_ERR_INVALID);
+    assert_int_equal(fs_sim_register_kernel(NULL, &k1, o1, s1, 3), FS_ERR_INVALID);
+    assert_int_equal(fs_dev_call(d, param_layout, &k1, off, sz, 8, &n), FS_OK);
+    assert_int_equal(n, 1);
+
+    /* Bad queries. */
+    assert_int_equal(fs_dev_call(d, param_layout, NULL, off, sz, 8, &n), FS_ERR_INVALID);
+    assert_int_equal(fs_dev_call(d, param_layout, &k1, off, sz, 8, NULL), FS_ERR_INVALID);
+    assert_int_equal(fs_dev_call(d, param_layout, &k1, off, sz, -1, &n), FS_ERR_INVALID);
+    assert_int_equal(fs_dev_call(d, param_layout, &k1, NULL, sz, 8, &n), FS_ERR_INVALID);
+    assert_int_equal(fs_dev_call(d, param_layout, &k1, off, NULL, 8, &n), FS_ERR_INVALID);
+
+    /* Many kernels, each its own layout. */
+    for (int i = 0; i < 100; i++) {
+        uint32_t o[2] = {0, 8}, z[2] = {8, (uint32_t)i + 1};
+        assert_int_equal(fs_sim_register_kernel(d, &many[i], o, z, 1 + i % 2), FS_OK);
+    }
+    for (int i = 0; i < 100; i++) {
+        assert_int_equal(fs_dev_call(d, param_layout, &many[i], off, sz, 8, &n), FS_OK);
+        assert_int_equal(n, 1 + i % 2);
+        if (n == 2)
+            assert_int_equal(sz[1], (uint32_t)i + 1);
+    }
+
+    /* Every call counts, failed ones included (the engine's cache is tested against this). */
+    fs_sim_get_stats(d, &st);
+    assert_int_equal(st.param_layout_queries, 13 + 100);
+    d->ops->close(d); /* the registry is freed here */
 }
 
 /* ---- sticky failures ---------------------------------------------------------------------- */
@@ -948,6 +1182,16 @@ static void test_illegal_kernel_access_is_sticky(void **state)
     assert_int_equal(fs_dev_call(d, mem_info, &fr, NULL), FS_ERR_STICKY);
     assert_int_equal(fs_dev_call(d, stream_destroy, s), FS_ERR_STICKY);
     assert_int_equal(fs_sim_launch(d, s, 1, NULL, NULL, 0, NULL, NULL), FS_ERR_STICKY);
+    bool cap = true;
+    assert_int_equal(fs_dev_call(d, stream_capturing, s, &cap), FS_ERR_STICKY);
+    assert_true(cap);
+    static const char k = 0;
+    const uint32_t zero32 = 0;
+    assert_int_equal(fs_sim_register_kernel(d, &k, &zero32, &zero32, 1), FS_OK); /* a helper */
+    uint32_t off, sz;
+    int n = -1;
+    assert_int_equal(fs_dev_call(d, param_layout, &k, &off, &sz, 1, &n), FS_ERR_STICKY);
+    assert_int_equal(n, -1);
     assert_int_equal(d->ops->last_native_error(d), FS_ERR_STICKY);
     struct fs_device_props props;
     assert_int_equal(fs_dev_call(d, props, &props), FS_OK);
@@ -1275,6 +1519,9 @@ static void test_threads_smoke(void **state)
     assert_int_equal(st.kernels, NTHREADS * ITERS);
     assert_int_equal(st.illegal_accesses, 0);
     assert_int_equal(st.unsafe_unmaps, 0);
+    assert_int_equal(st.capture_violations, 0);
+    assert_int_equal(st.maps, 3 * NTHREADS);
+    assert_int_equal(st.maps_by_loc[FS_LOC_HOST], 2 * NTHREADS);
     assert_int_equal(st.peak_device_bytes <= NTHREADS * G, true);
     assert_no_leaks(d);
     d->ops->close(d);
@@ -1301,7 +1548,9 @@ int main(void)
         cmocka_unit_test(test_events),
         cmocka_unit_test(test_stream_wait_event_orders_kernel),
         cmocka_unit_test(test_kernels_serialize_and_run),
-        cmocka_unit_test(test_kernel_range_across_segments),
+        cmocka_unit_test(test_kernel_range_across_mappings),
+        cmocka_unit_test(test_capture_forbids_sync),
+        cmocka_unit_test(test_param_layout),
         cmocka_unit_test(test_illegal_kernel_access_is_sticky),
         cmocka_unit_test(test_illegal_copy_is_sticky),
         cmocka_unit_test(test_unsafe_unmap),

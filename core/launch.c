@@ -1,0 +1,195 @@
+#include "launch.h"
+
+#include <pthread.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "log.h"
+
+/* Largest parameter list remembered; kernels with more are scanned as unknown. */
+#define MAX_PARAMS 512
+/* Layout cache: open addressing on the function handle, never shrinks; when full, layouts are
+ * queried every time (correct, slower). */
+#define CACHE_SLOTS 16384
+
+struct layout {
+    int n;            /* parameters that can hold a pointer (8 bytes or more) */
+    bool unknown;     /* the driver could not tell */
+    struct { uint32_t index, offset, size; } p[];
+};
+
+struct slot {
+    const void *func;       /* atomic; NULL = empty */
+    struct layout *layout;  /* atomic; published after func */
+};
+
+static struct {
+    struct fs_device *dev;
+    struct slot *slots;
+    pthread_mutex_t insert_lock;
+    struct fs_launch_stats stats;
+} lc = {.insert_lock = PTHREAD_MUTEX_INITIALIZER};
+
+#define STAT(field) __atomic_add_fetch(&lc.stats.field, 1, __ATOMIC_RELAXED)
+
+int fs_launch_init(struct fs_device *dev)
+{
+    lc.slots = calloc(CACHE_SLOTS, sizeof(*lc.slots));
+    if (!lc.slots)
+        return FS_ERR_NOMEM;
+    lc.dev = dev;
+    return FS_OK;
+}
+
+void fs_launch_shutdown(void)
+{
+    if (!lc.slots)
+        return;
+    for (int i = 0; i < CACHE_SLOTS; i++)
+        free(lc.slots[i].layout);
+    free(lc.slots);
+    lc.slots = NULL;
+}
+
+static struct layout *query_layout(const void *func)
+{
+    uint32_t offsets[MAX_PARAMS], sizes[MAX_PARAMS];
+    int n = 0;
+    STAT(layout_queries);
+    int rc = fs_dev_call(lc.dev, param_layout, func, offsets, sizes, MAX_PARAMS, &n);
+    int wide = 0;
+    if (rc == FS_OK)
+        for (int i = 0; i < n; i++)
+            wide += sizes[i] >= 8;
+    struct layout *l = malloc(sizeof(*l) + (size_t)wide * sizeof(l->p[0]));
+    if (!l)
+        return NULL;
+    l->unknown = rc != FS_OK;
+    l->n = 0;
+    if (rc == FS_OK)
+        for (int i = 0; i < n; i++)
+            if (sizes[i] >= 8)
+                l->p[l->n++] = (__typeof__(l->p[0])){(uint32_t)i, offsets[i], sizes[i]};
+    if (l->unknown)
+        FS_DEBUG("kernel %p: parameter layout unavailable (%s)", func, fs_err_str(rc));
+    return l;
+}
+
+/* The layout of FUNC, from the cache or the driver. *OWNED: the caller frees it (cache full). */
+static const struct layout *get_layout(const void *func, bool *owned)
+{
+    *owned = false;
+    size_t h = ((uintptr_t)func >> 4) * 0x9E3779B97F4A7C15ull;
+    for (int probe = 0; probe < CACHE_SLOTS; probe++) {
+        struct slot *s = &lc.slots[(h + (size_t)probe) & (CACHE_SLOTS - 1)];
+        const void *f = __atomic_load_n(&s->func, __ATOMIC_ACQUIRE);
+        if (f == func) {
+            struct layout *l = __atomic_load_n(&s->layout, __ATOMIC_ACQUIRE);
+            if (l)
+                return l;
+            break; /* being inserted by another thread: query ourselves */
+        }
+        if (f == NULL) {
+            struct layout *l = query_layout(func);
+            if (!l)
+                return NULL;
+            pthread_mutex_lock(&lc.insert_lock);
+            const void *expect = NULL;
+            bool claimed = __atomic_compare_exchange_n(&s->func, &expect, func, false,
+                                                       __ATOMIC_ACQ_REL, __ATOMIC_ACQUIRE);
+            if (claimed)
+                __atomic_store_n(&s->layout, l, __ATOMIC_RELEASE);
+            pthread_mutex_unlock(&lc.insert_lock);
+            if (claimed)
+                return l;
+            if (expect == func) { /* lost a race for the same function */
+                *owned = true;
+                return l;
+            }
+            free(l);
+            continue; /* the slot went to another function: keep probing */
+        }
+    }
+    struct layout *l = query_layout(func);
+    *owned = l != NULL;
+    return l;
+}
+
+/* Add the allocation holding ADDR, if any, to T (deduplicated). False when T is full. */
+static inline bool add_ref(struct fs_residency *res, struct fs_launch_ticket *t, uint64_t addr)
+{
+    struct fs_alloc *a = fs_res_lookup(res, addr);
+    if (FS_LIKELY(!a))
+        return true;
+    for (int i = 0; i < t->n; i++)
+        if (t->refs[i] == a)
+            return true;
+    if (t->n == FS_LAUNCH_MAX_REFS)
+        return false;
+    t->refs[t->n++] = a;
+    return true;
+}
+
+static bool scan_words(struct fs_residency *res, struct fs_launch_ticket *t, const void *buf,
+                       size_t size)
+{
+    const unsigned char *p = buf;
+    for (size_t off = 0; off + 8 <= size; off += 8) {
+        uint64_t w;
+        memcpy(&w, p + off, sizeof(w));
+        if (!add_ref(res, t, w))
+            return false;
+    }
+    return true;
+}
+
+void fs_launch_enter(struct fs_residency *res, const struct fs_launch_desc *d,
+                     struct fs_launch_ticket *t)
+{
+    t->n = 0;
+    t->active = false;
+    t->stream = d->stream;
+    STAT(launches);
+    bool readable = !d->unreadable;
+    if (readable && d->ptrs)
+        for (int i = 0; i < d->nptrs && readable; i++)
+            readable = add_ref(res, t, d->ptrs[i]);
+    if (readable && d->param_buf)
+        readable = scan_words(res, t, d->param_buf, d->param_buf_size);
+    if (readable && d->kernel_params) {
+        bool owned;
+        const struct layout *l = get_layout(d->func, &owned);
+        if (!l || l->unknown) {
+            readable = false;
+        } else {
+            for (int i = 0; i < l->n && readable; i++)
+                readable = scan_words(res, t, d->kernel_params[l->p[i].index], l->p[i].size);
+        }
+        if (owned)
+            free((void *)l);
+    }
+    if (FS_UNLIKELY(!readable)) {
+        STAT(unknown);
+        fs_res_note_unknown(res);
+    }
+    if (t->n > 0)
+        STAT(with_refs);
+    t->tick = fs_res_launch_begin(res, t->refs, t->n, d->stream);
+    t->active = true;
+}
+
+void fs_launch_exit(struct fs_residency *res, struct fs_launch_ticket *t, bool queued)
+{
+    if (!t->active)
+        return;
+    fs_res_launch_done(res, t->tick, t->stream, t->refs, t->n, queued);
+    t->active = false;
+}
+
+void fs_launch_get_stats(struct fs_launch_stats *out)
+{
+    out->launches = __atomic_load_n(&lc.stats.launches, __ATOMIC_RELAXED);
+    out->with_refs = __atomic_load_n(&lc.stats.with_refs, __ATOMIC_RELAXED);
+    out->unknown = __atomic_load_n(&lc.stats.unknown, __ATOMIC_RELAXED);
+    out->layout_queries = __atomic_load_n(&lc.stats.layout_queries, __ATOMIC_RELAXED);
+}

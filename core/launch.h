@@ -1,0 +1,59 @@
+/* Launch tracking: which managed allocations a kernel launch (or a copy) references.
+ *
+ * Kernel parameters are scanned word by word against the managed address range: with the layout
+ * the driver reports for the kernel (cached per function), or the whole `extra` parameter buffer
+ * when the launch passes one. A launch whose parameters cannot be read is "unknown": the next
+ * remap synchronizes the device first (residency.h). */
+#ifndef FS_LAUNCH_H
+#define FS_LAUNCH_H
+
+#include <stdbool.h>
+#include <stddef.h>
+#include <stdint.h>
+
+#include "device.h"
+#include "residency.h"
+
+/* References kept per launch; a launch with more distinct managed allocations is unknown. */
+#define FS_LAUNCH_MAX_REFS 256
+
+struct fs_launch_desc {
+    const void *func;       /* kernel handle (layout cache key); NULL for copies */
+    fs_stream stream;
+    void *const *kernel_params; /* one pointer per parameter, or NULL */
+    const void *param_buf;      /* the packed parameter buffer of `extra`, or NULL */
+    size_t param_buf_size;
+    const uint64_t *ptrs;       /* explicit addresses (copies, memsets), or NULL */
+    int nptrs;
+    bool unreadable;            /* the caller could not read the parameters at all */
+};
+
+struct fs_launch_ticket {
+    uint64_t tick;
+    fs_stream stream;
+    int n;
+    bool active; /* references were taken: fs_launch_exit must run */
+    struct fs_alloc *refs[FS_LAUNCH_MAX_REFS];
+};
+
+struct fs_launch_stats {
+    uint64_t launches;       /* seen */
+    uint64_t with_refs;      /* referencing at least one managed allocation */
+    uint64_t unknown;        /* parameters could not be read */
+    uint64_t layout_queries; /* driver queries (misses of the layout cache) */
+};
+
+struct fs_layout_cache;
+
+int fs_launch_init(struct fs_device *dev);
+void fs_launch_shutdown(void);
+
+/* Before the launch is queued: find the references, hold them, fault in what is evicted. */
+void fs_launch_enter(struct fs_residency *res, const struct fs_launch_desc *d,
+                     struct fs_launch_ticket *t);
+/* After the driver queued it (QUEUED) or refused it. */
+void fs_launch_exit(struct fs_residency *res, struct fs_launch_ticket *t, bool queued);
+
+void fs_launch_get_stats(struct fs_launch_stats *out);
+
+#endif

@@ -1,0 +1,188 @@
+/* Launch tracking through CUPTI driver-API callbacks: every kernel launch of every library
+ * (PyTorch, cuBLAS with its static cudart, Triton) reaches cuLaunchKernel* in the driver, so one
+ * subscription sees them all, before they are queued (API enter) and after (API exit).
+ * Copies and memsets are seen too; their arguments are not parsed, so they count as launches
+ * whose parameters are unknown (the next remap synchronizes first). Graph launches likewise. */
+#include <string.h>
+
+#include "engine.h"
+#include "hook.h"
+#include "log.h"
+#include "shim.h"
+
+/* cupti.h already includes generated_cuda_meta.h (the launch parameter structs). */
+
+static CUpti_SubscriberHandle subscriber;
+static __thread struct fs_launch_ticket ticket;
+
+enum kind { KIND_NONE, KIND_KERNEL, KIND_OPAQUE };
+
+static unsigned char cbid_kind[CUPTI_DRIVER_TRACE_CBID_SIZE];
+
+/* The packed parameter buffer of a launch's `extra` list, if it has one. */
+static void parse_extra(void **extra, struct fs_launch_desc *d)
+{
+    if (!extra)
+        return;
+    for (int i = 0; i < 32 && extra[i] != CU_LAUNCH_PARAM_END; i += 2) {
+        if (extra[i] == CU_LAUNCH_PARAM_BUFFER_POINTER)
+            d->param_buf = extra[i + 1];
+        else if (extra[i] == CU_LAUNCH_PARAM_BUFFER_SIZE && extra[i + 1])
+            d->param_buf_size = *(size_t *)extra[i + 1];
+    }
+    if (d->param_buf && d->param_buf_size == 0)
+        d->unreadable = true;
+}
+
+/* Fill D from the driver call's parameters; false when this callback is not a launch. */
+static bool describe(CUpti_CallbackId cbid, const void *params, struct fs_launch_desc *d)
+{
+    memset(d, 0, sizeof(*d));
+    bool ptsz = false;
+    switch (cbid) {
+    case CUPTI_DRIVER_TRACE_CBID_cuLaunchKernel_ptsz:
+        ptsz = true;
+        __attribute__((fallthrough));
+    case CUPTI_DRIVER_TRACE_CBID_cuLaunchKernel: {
+        const cuLaunchKernel_params *p = params;
+        d->func = p->f;
+        d->stream = (fs_stream)p->hStream;
+        d->kernel_params = (void *const *)p->kernelParams;
+        parse_extra(p->extra, d);
+        break;
+    }
+    case CUPTI_DRIVER_TRACE_CBID_cuLaunchKernelEx_ptsz:
+        ptsz = true;
+        __attribute__((fallthrough));
+    case CUPTI_DRIVER_TRACE_CBID_cuLaunchKernelEx: {
+        const cuLaunchKernelEx_params *p = params;
+        d->func = p->f;
+        d->stream = p->config ? (fs_stream)p->config->hStream : NULL;
+        d->kernel_params = (void *const *)p->kernelParams;
+        parse_extra(p->extra, d);
+        break;
+    }
+    case CUPTI_DRIVER_TRACE_CBID_cuLaunchCooperativeKernel_ptsz:
+        ptsz = true;
+        __attribute__((fallthrough));
+    case CUPTI_DRIVER_TRACE_CBID_cuLaunchCooperativeKernel: {
+        const cuLaunchCooperativeKernel_params *p = params;
+        d->func = p->f;
+        d->stream = (fs_stream)p->hStream;
+        d->kernel_params = (void *const *)p->kernelParams;
+        break;
+    }
+    default:
+        if (cbid >= CUPTI_DRIVER_TRACE_CBID_SIZE || cbid_kind[cbid] != KIND_OPAQUE)
+            return false;
+        d->unreadable = true; /* copies, memsets, graph launches */
+        return true;
+    }
+    if (!d->kernel_params && !d->param_buf)
+        d->unreadable = true;
+    if (ptsz && d->stream == NULL)
+        d->stream = (fs_stream)CU_STREAM_PER_THREAD;
+    return true;
+}
+
+static void CUPTIAPI on_driver_call(void *userdata, CUpti_CallbackDomain domain,
+                                    CUpti_CallbackId cbid, const void *data)
+{
+    (void)userdata;
+    /* Our own driver calls (copies on the engine's streams) run inside the shim. */
+    if (domain != CUPTI_CB_DOMAIN_DRIVER_API || fs_hook_depth > 0)
+        return;
+    const CUpti_CallbackData *cb = data;
+    fs_hook_depth++;
+    if (cb->callbackSite == CUPTI_API_ENTER) {
+        struct fs_launch_desc d;
+        if (describe(cbid, cb->functionParams, &d))
+            fs_engine_launch_enter(&d, &ticket);
+        else
+            ticket.active = false;
+    } else if (ticket.active) {
+        const CUresult *res = cb->functionReturnValue;
+        fs_engine_launch_exit(&ticket, res && *res == CUDA_SUCCESS);
+    }
+    fs_hook_depth--;
+}
+
+static bool name_starts(const char *name, const char *prefix)
+{
+    return strncmp(name, prefix, strlen(prefix)) == 0;
+}
+
+static int enable(CUpti_CallbackId cbid)
+{
+    CUptiResult r = fs_cuda.cuptiEnableCallback(1, subscriber, CUPTI_CB_DOMAIN_DRIVER_API, cbid);
+    if (r != CUPTI_SUCCESS) {
+        const char *msg = "?";
+        fs_cuda.cuptiGetResultString(r, &msg);
+        FS_WARN("CUPTI refused to report driver call %u (%s)", (unsigned)cbid, msg);
+        return FS_ERR_DEVICE;
+    }
+    return FS_OK;
+}
+
+int fs_shim_tracking_start(void)
+{
+    if (fs_cuda_load_cupti() != FS_OK) {
+        FS_WARN("CUPTI (libcupti.so.13) was not found, so kernel launches cannot be seen: the "
+                "program runs unmanaged; put the CUDA toolkit's CUPTI on LD_LIBRARY_PATH");
+        return FS_ERR_UNSUPPORTED;
+    }
+    char other[256] = "";
+    CUpti_SubscriberParams sp = {
+        .structSize = CUpti_SubscriberParams_STRUCT_SIZE,
+        .subscriberName = "flexshim",
+        .oldSubscriberName = other,
+        .oldSubscriberSize = sizeof(other),
+    };
+    CUptiResult r = fs_cuda.cuptiSubscribe_v2(&subscriber, on_driver_call, NULL, &sp);
+    if (r == CUPTI_ERROR_MULTIPLE_SUBSCRIBERS_NOT_SUPPORTED) {
+        FS_WARN("CUPTI is already in use by %s (a profiler such as torch.profiler, nsys or "
+                "compute-sanitizer): flexshim cannot see kernel launches, so the program runs "
+                "unmanaged; run without the profiler to use flexshim",
+                other[0] ? other : "another tool");
+        return FS_ERR_UNSUPPORTED;
+    }
+    if (r != CUPTI_SUCCESS) {
+        const char *msg = "?";
+        fs_cuda.cuptiGetResultString(r, &msg);
+        FS_WARN("CUPTI subscription failed (%s): the program runs unmanaged", msg);
+        return FS_ERR_UNSUPPORTED;
+    }
+    static const CUpti_CallbackId launches[] = {
+        CUPTI_DRIVER_TRACE_CBID_cuLaunchKernel, CUPTI_DRIVER_TRACE_CBID_cuLaunchKernel_ptsz,
+        CUPTI_DRIVER_TRACE_CBID_cuLaunchKernelEx, CUPTI_DRIVER_TRACE_CBID_cuLaunchKernelEx_ptsz,
+        CUPTI_DRIVER_TRACE_CBID_cuLaunchCooperativeKernel,
+        CUPTI_DRIVER_TRACE_CBID_cuLaunchCooperativeKernel_ptsz,
+    };
+    int rc = FS_OK;
+    for (size_t i = 0; i < FS_ARRAY_LEN(launches) && rc == FS_OK; i++) {
+        cbid_kind[launches[i]] = KIND_KERNEL;
+        rc = enable(launches[i]);
+    }
+    /* Everything else that can touch device memory from the GPU side, found by name so every
+     * versioned and per-thread variant is included. */
+    for (uint32_t cbid = 1; cbid < CUPTI_DRIVER_TRACE_CBID_SIZE && rc == FS_OK; cbid++) {
+        const char *name = NULL;
+        if (cbid_kind[cbid] != KIND_NONE ||
+            fs_cuda.cuptiGetCallbackName(CUPTI_CB_DOMAIN_DRIVER_API, cbid, &name) !=
+                CUPTI_SUCCESS ||
+            !name)
+            continue;
+        if (name_starts(name, "cuMemcpy") || name_starts(name, "cuMemset") ||
+            name_starts(name, "cuGraphLaunch")) {
+            cbid_kind[cbid] = KIND_OPAQUE;
+            rc = enable(cbid);
+        }
+    }
+    if (rc != FS_OK) {
+        fs_cuda.cuptiUnsubscribe(subscriber);
+        FS_WARN("launch tracking could not be set up: the program runs unmanaged");
+        return FS_ERR_UNSUPPORTED;
+    }
+    FS_DEBUG("launch tracking through CUPTI is on");
+    return FS_OK;
+}
