@@ -995,7 +995,9 @@ static int sim_param_layout(struct fs_device *dev, const void *func, uint32_t *o
         } else if (!k) {
             rc = FS_ERR_UNSUPPORTED; /* the driver cannot tell either */
         } else if (k->n > max) {
-            rc = FS_ERR_INVALID; /* the caller's arrays are too small: nothing is written */
+            /* More parameters than the caller has room for: unreadable, nothing written (as
+             * device_cuda.c: a partial layout could hide pointers). */
+            rc = FS_ERR_UNSUPPORTED;
         } else {
             for (int i = 0; i < k->n; i++) {
                 offsets[i] = k->offsets[i];

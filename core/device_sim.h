@@ -116,7 +116,7 @@ void fs_sim_set_capturing(struct fs_device *dev, fs_stream stream, bool capturin
 
 /* Register the parameter layout that param_layout reports for FUNC (any non-NULL key; N may be
  * 0, at most FS_SIM_MAX_KERNEL_PARAMS). Registering FUNC again replaces its layout. param_layout
- * refuses a layout of more than its MAX entries with FS_ERR_INVALID, writing nothing. */
+ * refuses a layout of more than its MAX entries with FS_ERR_UNSUPPORTED, writing nothing. */
 int fs_sim_register_kernel(struct fs_device *dev, const void *func, const uint32_t *offsets,
                            const uint32_t *sizes, int n);
 

@@ -1,0 +1,476 @@
+/* The residency engine on the simulated device: budget, eviction with write-back, fault-in
+ * before launches, the quiet-range rule, parameter scanning, failure injection, threads. */
+#include <pthread.h>
+
+#include "device_sim.h"
+#include "launch.h"
+#include "residency.h"
+#include "test_util.h"
+
+#define MIB (1024ull * 1024ull)
+#ifndef THREADS
+#define THREADS 4
+#endif
+
+struct env {
+    struct fs_device *dev;
+    struct fs_residency res;
+    fs_stream stream; /* the program's stream */
+};
+
+/* Kernel handle of the test "program": one parameter per pointer, 8 bytes each. */
+static const int kernel_token;
+#define KERNEL ((const void *)&kernel_token)
+
+static void env_open(struct env *e, uint64_t budget, bool strict)
+{
+    struct fs_sim_config cfg = {.device_bytes = 4096 * MIB, .host_phys_supported = true};
+    assert_int_equal(fs_sim_open(&cfg, &e->dev), FS_OK);
+    struct fs_res_config rc = {
+        .budget = budget, .va_space_bytes = 64ull << 30, .strict_remap = strict};
+    assert_int_equal(fs_res_init(&e->res, e->dev, &rc), FS_OK);
+    assert_int_equal(fs_launch_init(e->dev), FS_OK);
+    assert_int_equal(fs_sim_stream_create(e->dev, &e->stream), FS_OK);
+    uint32_t offsets[4] = {0, 8, 16, 24}, sizes[4] = {8, 8, 8, 8};
+    assert_int_equal(fs_sim_register_kernel(e->dev, KERNEL, offsets, sizes, 4), FS_OK);
+}
+
+static void env_close(struct env *e)
+{
+    struct fs_sim_stats st;
+    fs_sim_get_stats(e->dev, &st);
+    assert_int_equal(st.illegal_accesses, 0);
+    assert_int_equal(st.unsafe_unmaps, 0);
+    fs_launch_shutdown();
+    fs_res_destroy(&e->res);
+    fs_sim_get_stats(e->dev, &st);
+    assert_int_equal(st.live_phys, 0);  /* everything the engine created is gone */
+    assert_int_equal(st.live_va_ranges, 0);
+    e->dev->ops->close(e->dev);
+}
+
+/* A kernel that adds 1 to every uint32 of its first range and checks the second is intact. */
+struct kctx {
+    uint32_t words; /* per range */
+};
+
+static void add_one(void *ctx, void *const *ptrs, int nptrs)
+{
+    struct kctx *k = ctx;
+    (void)nptrs;
+    uint32_t *p = ptrs[0];
+    for (uint32_t i = 0; i < k->words; i++)
+        p[i] += 1;
+}
+
+/* The program launches kernel FN over the first NPTRS allocations of PTRS (as parameters). */
+static void launch(struct env *e, const fs_dptr *ptrs, const uint64_t *sizes, int nptrs,
+                   uint64_t duration_ns, fs_sim_kernel_fn fn, void *ctx)
+{
+    uint64_t params[4] = {0};
+    void *argv[4];
+    for (int i = 0; i < 4; i++) {
+        params[i] = i < nptrs ? ptrs[i] + 64 : 0; /* point inside, not at the base */
+        argv[i] = &params[i];
+    }
+    struct fs_launch_desc d = {.func = KERNEL, .stream = e->stream, .kernel_params = argv};
+    struct fs_launch_ticket t;
+    fs_launch_enter(&e->res, &d, &t);
+    assert_int_equal(fs_sim_launch(e->dev, e->stream, duration_ns, ptrs, sizes, nptrs, fn, ctx),
+                     FS_OK);
+    fs_launch_exit(&e->res, &t, true);
+}
+
+static void fill(struct env *e, fs_dptr va, uint64_t size, uint32_t seed)
+{
+    uint32_t *buf = malloc(size);
+    for (uint64_t i = 0; i < size / 4; i++)
+        buf[i] = seed * 2654435761u + (uint32_t)i;
+    assert_int_equal(fs_sim_write(e->dev, va, buf, size), FS_OK);
+    free(buf);
+}
+
+static void check(struct env *e, fs_dptr va, uint64_t size, uint32_t seed, uint32_t plus)
+{
+    uint32_t *buf = malloc(size);
+    assert_int_equal(fs_sim_read(e->dev, buf, va, size), FS_OK);
+    for (uint64_t i = 0; i < size / 4; i++)
+        if (buf[i] != seed * 2654435761u + (uint32_t)i + plus)
+            fail_msg("word %llu of 0x%llx: %u", (unsigned long long)i, (unsigned long long)va,
+                     buf[i]);
+    free(buf);
+}
+
+static enum fs_mem_loc where(struct env *e, fs_dptr va)
+{
+    enum fs_mem_loc loc;
+    assert_int_equal(fs_sim_location(e->dev, va, &loc), FS_OK);
+    return loc;
+}
+
+static void test_alloc_within_budget_stays_on_device(void **state)
+{
+    (void)state;
+    struct env e;
+    env_open(&e, 64 * MIB, true);
+    fs_dptr a, b;
+    uint64_t odd = 19 * MIB + 100; /* rounded up to 20 MiB */
+    assert_int_equal(fs_res_alloc(&e.res, odd, &a), FS_OK);
+    assert_int_equal(fs_res_alloc(&e.res, 30 * MIB, &b), FS_OK);
+    assert_int_equal(where(&e, a), FS_LOC_DEVICE);
+    assert_int_equal(where(&e, b), FS_LOC_DEVICE);
+    assert_int_equal(fs_res_lookup(&e.res, a + odd - 1)->va, a);
+    assert_null(fs_res_lookup(&e.res, a + odd)); /* the rounding slack is not the allocation */
+    assert_null(fs_res_lookup(&e.res, a - 1));
+    struct fs_res_stats s;
+    fs_res_get_stats(&e.res, &s);
+    assert_int_equal(s.evictions, 0);
+    assert_int_equal(s.device_bytes_held, 20 * MIB + 30 * MIB);
+    assert_int_equal(fs_res_free(&e.res, a), FS_OK);
+    assert_int_equal(fs_res_free(&e.res, b), FS_OK);
+    env_close(&e);
+}
+
+static void test_eviction_preserves_data(void **state)
+{
+    (void)state;
+    struct env e;
+    env_open(&e, 64 * MIB, true);
+    fs_dptr v[4];
+    for (int i = 0; i < 4; i++) {
+        assert_int_equal(fs_res_alloc(&e.res, 32 * MIB, &v[i]), FS_OK);
+        fill(&e, v[i], 32 * MIB, (uint32_t)i);
+    }
+    /* 128 MiB under 64: the two oldest went to host, data intact and still addressable. */
+    assert_int_equal(where(&e, v[0]), FS_LOC_HOST);
+    assert_int_equal(where(&e, v[1]), FS_LOC_HOST);
+    assert_int_equal(where(&e, v[3]), FS_LOC_DEVICE);
+    for (int i = 0; i < 4; i++)
+        check(&e, v[i], 32 * MIB, (uint32_t)i, 0);
+    struct fs_sim_stats st;
+    fs_sim_get_stats(e.dev, &st);
+    assert_true(st.peak_device_bytes <= 64 * MIB + 128 * MIB); /* pool blocks + copy VAs only */
+    assert_true(fs_res_device_bytes(&e.res) <= 64 * MIB);
+    env_close(&e);
+}
+
+static void test_launch_faults_in_and_kernel_sees_data(void **state)
+{
+    (void)state;
+    struct env e;
+    env_open(&e, 64 * MIB, true);
+    fs_dptr v[4];
+    uint64_t sz[4];
+    for (int i = 0; i < 4; i++) {
+        sz[i] = 32 * MIB;
+        assert_int_equal(fs_res_alloc(&e.res, sz[i], &v[i]), FS_OK);
+        fill(&e, v[i], sz[i], (uint32_t)i);
+    }
+    struct kctx k = {.words = (uint32_t)(32 * MIB / 4)};
+    for (int round = 0; round < 3; round++)
+        for (int i = 0; i < 4; i++) {
+            launch(&e, &v[i], &sz[i], 1, 100000, add_one, &k);
+            assert_int_equal(where(&e, v[i]), FS_LOC_DEVICE);
+            assert_true(fs_res_device_bytes(&e.res) <= 64 * MIB);
+        }
+    assert_int_equal(e.dev->ops->ctx_sync(e.dev), FS_OK);
+    for (int i = 0; i < 4; i++)
+        check(&e, v[i], sz[i], (uint32_t)i, 3);
+    struct fs_res_stats s;
+    fs_res_get_stats(&e.res, &s);
+    assert_true(s.faults >= 8); /* cyclic access under LRU: every launch after the first two */
+    assert_true(s.evictions >= 8);
+    assert_int_equal(s.failures, 0);
+    struct fs_launch_stats ls;
+    fs_launch_get_stats(&ls);
+    assert_int_equal(ls.unknown, 0);
+    env_close(&e);
+}
+
+static void test_allocation_larger_than_budget_lives_on_host(void **state)
+{
+    (void)state;
+    struct env e;
+    env_open(&e, 64 * MIB, true);
+    fs_dptr big;
+    uint64_t size = 100 * MIB;
+    assert_int_equal(fs_res_alloc(&e.res, size, &big), FS_OK);
+    assert_int_equal(where(&e, big), FS_LOC_HOST);
+    fill(&e, big, size, 7);
+    struct kctx k = {.words = (uint32_t)(size / 4)};
+    launch(&e, &big, &size, 1, 1000, add_one, &k); /* cannot fit: runs from host, correctly */
+    assert_int_equal(e.dev->ops->ctx_sync(e.dev), FS_OK);
+    check(&e, big, size, 7, 1);
+    struct fs_res_stats s;
+    fs_res_get_stats(&e.res, &s);
+    assert_int_equal(s.placed_on_host, 1);
+    assert_int_equal(s.host_served, 1);
+    env_close(&e);
+}
+
+/* A long kernel still reads allocation X (as a parameter) when the next launch needs room. */
+static void quiet_rule_case(bool strict, bool hidden)
+{
+    struct env e;
+    env_open(&e, 64 * MIB, strict);
+    fs_dptr v[3];
+    uint64_t sz[3] = {32 * MIB, 32 * MIB, 32 * MIB};
+    for (int i = 0; i < 3; i++)
+        assert_int_equal(fs_res_alloc(&e.res, sz[i], &v[i]), FS_OK);
+    /* v[0] is on host now; bring v[1] and v[2] in use, then a long kernel on v[1]. */
+    struct kctx k = {.words = 16};
+    launch(&e, &v[2], &sz[2], 1, 1000, add_one, &k);
+    if (hidden) {
+        /* The kernel reaches v[1] through memory, not through its parameters. */
+        struct fs_launch_desc d = {.func = KERNEL, .stream = e.stream,
+                                   .kernel_params = (void *[4]){&(uint64_t){0}, &(uint64_t){0},
+                                                                &(uint64_t){0}, &(uint64_t){0}}};
+        struct fs_launch_ticket t;
+        fs_launch_enter(&e.res, &d, &t);
+        assert_int_equal(fs_sim_launch(e.dev, e.stream, 50000000, &v[1], &sz[1], 1, add_one, &k),
+                         FS_OK);
+        fs_launch_exit(&e.res, &t, true);
+    } else {
+        launch(&e, &v[1], &sz[1], 1, 50000000, add_one, &k);
+    }
+    /* v[0] needs room: the least recently used victim is v[1] (no launch named it), which the
+     * long kernel is still using. */
+    if (hidden && !strict) {
+        struct fs_test_capture cap;
+        fs_test_capture_start(&cap);
+        uint64_t p = v[0];
+        struct fs_launch_desc d = {.func = KERNEL, .stream = e.stream,
+                                   .kernel_params = (void *[4]){&p, &p, &p, &p}};
+        struct fs_launch_ticket t;
+        fs_launch_enter(&e.res, &d, &t); /* the unsafe remap of v[1] happens here */
+        fs_launch_exit(&e.res, &t, false);
+        /* The dead context makes the engine's own calls fail, and it says so. */
+        assert_non_null(strstr(fs_test_capture_end(&cap), "evicting allocation 1"));
+    } else {
+        launch(&e, &v[0], &sz[0], 1, 1000, add_one, &k);
+        launch(&e, &v[2], &sz[2], 1, 1000, add_one, &k);
+    }
+    assert_int_equal(e.dev->ops->ctx_sync(e.dev), hidden && !strict ? FS_ERR_STICKY : FS_OK);
+    struct fs_sim_stats st;
+    fs_sim_get_stats(e.dev, &st);
+    if (hidden && !strict) {
+        /* tracked mode cannot see pointers kept in memory: the simulator catches the unsafe
+         * remap, which is why strict is the default. */
+        assert_true(st.unsafe_unmaps > 0);
+        fs_launch_shutdown();
+        fs_res_destroy(&e.res);
+        e.dev->ops->close(e.dev);
+        return;
+    }
+    env_close(&e);
+}
+
+static void test_quiet_rule_strict(void **state)
+{
+    (void)state;
+    quiet_rule_case(true, false);
+}
+
+static void test_quiet_rule_tracked(void **state)
+{
+    (void)state;
+    quiet_rule_case(false, false);
+}
+
+static void test_strict_protects_pointers_kept_in_memory(void **state)
+{
+    (void)state;
+    quiet_rule_case(true, true);
+}
+
+static void test_tracked_misses_pointers_kept_in_memory(void **state)
+{
+    (void)state;
+    quiet_rule_case(false, true);
+}
+
+static void test_layout_cache_and_unknown_launches(void **state)
+{
+    (void)state;
+    struct env e;
+    env_open(&e, 64 * MIB, false);
+    fs_dptr v;
+    uint64_t sz = 8 * MIB;
+    assert_int_equal(fs_res_alloc(&e.res, sz, &v), FS_OK);
+    struct fs_launch_stats before, after;
+    fs_launch_get_stats(&before);
+    struct kctx k = {.words = 4};
+    launch(&e, &v, &sz, 1, 1000, add_one, &k);
+    launch(&e, &v, &sz, 1, 1000, add_one, &k);
+    struct fs_sim_stats st;
+    fs_sim_get_stats(e.dev, &st);
+    assert_int_equal(st.param_layout_queries, 1); /* cached after the first launch */
+    /* A kernel the driver cannot describe is unknown; the extra buffer is scanned whole. */
+    static const int other;
+    uint64_t word = v + 100;
+    struct fs_launch_desc unknown = {.func = &other, .stream = e.stream,
+                                     .kernel_params = (void *[1]){&word}};
+    struct fs_launch_ticket t;
+    fs_launch_enter(&e.res, &unknown, &t);
+    fs_launch_exit(&e.res, &t, true);
+    uint64_t buf[5] = {1, 2, 3, v + 12345, 5};
+    struct fs_launch_desc extra = {.func = &other, .stream = e.stream, .param_buf = buf,
+                                   .param_buf_size = sizeof(buf)};
+    fs_launch_enter(&e.res, &extra, &t);
+    assert_int_equal(t.n, 1);
+    assert_int_equal(t.refs[0]->va, v);
+    fs_launch_exit(&e.res, &t, true);
+    fs_launch_get_stats(&after);
+    assert_int_equal(after.unknown - before.unknown, 1);
+    assert_int_equal(after.with_refs - before.with_refs, 3);
+    env_close(&e);
+}
+
+static void test_capture_never_remaps(void **state)
+{
+    (void)state;
+    struct env e;
+    env_open(&e, 64 * MIB, true);
+    fs_dptr v[3];
+    uint64_t sz[3] = {32 * MIB, 32 * MIB, 32 * MIB};
+    for (int i = 0; i < 3; i++)
+        assert_int_equal(fs_res_alloc(&e.res, sz[i], &v[i]), FS_OK);
+    assert_int_equal(where(&e, v[0]), FS_LOC_HOST);
+    fs_sim_set_capturing(e.dev, e.stream, true);
+    struct kctx k = {.words = 4};
+    launch(&e, &v[0], &sz[0], 1, 1000, add_one, &k);
+    assert_int_equal(where(&e, v[0]), FS_LOC_HOST); /* used where it is */
+    fs_sim_set_capturing(e.dev, e.stream, false);
+    struct fs_sim_stats st;
+    fs_sim_get_stats(e.dev, &st);
+    assert_int_equal(st.capture_violations, 0);
+    struct fs_res_stats s;
+    fs_res_get_stats(&e.res, &s);
+    assert_int_equal(s.host_served, 1);
+    launch(&e, &v[0], &sz[0], 1, 1000, add_one, &k); /* after the capture: faulted in */
+    assert_int_equal(where(&e, v[0]), FS_LOC_DEVICE);
+    env_close(&e);
+}
+
+/* Each device operation the engine uses fails once, at each of its first calls: the program's
+ * call gets an error or a correct result, data is never lost, nothing leaks. */
+static void test_failure_injection(void **state)
+{
+    (void)state;
+    fs_log_set_level(FS_LOG_ERROR); /* each injected failure is logged as a warning */
+    static const enum fs_sim_op ops[] = {FS_SIM_OP_PHYS_CREATE, FS_SIM_OP_VA_RESERVE,
+                                         FS_SIM_OP_MAP, FS_SIM_OP_UNMAP, FS_SIM_OP_COPY,
+                                         FS_SIM_OP_SYNC};
+    for (size_t o = 0; o < FS_ARRAY_LEN(ops); o++) {
+        for (uint64_t nth = 1; nth <= 6; nth++) {
+            struct env e;
+            env_open(&e, 64 * MIB, true);
+            fs_sim_fail_nth(e.dev, ops[o], nth, FS_ERR_DEVICE);
+            fs_dptr v[3] = {0};
+            uint64_t sz[3] = {32 * MIB, 32 * MIB, 32 * MIB};
+            bool ok[3];
+            for (int i = 0; i < 3; i++) {
+                ok[i] = fs_res_alloc(&e.res, sz[i], &v[i]) == FS_OK;
+                if (ok[i])
+                    fill(&e, v[i], sz[i], (uint32_t)i);
+            }
+            struct kctx k = {.words = (uint32_t)(sz[0] / 4)};
+            for (int i = 0; i < 3; i++)
+                if (ok[i])
+                    launch(&e, &v[i], &sz[i], 1, 1000, add_one, &k);
+            fs_sim_fail_nth(e.dev, ops[o], 0, 0);
+            assert_int_equal(e.dev->ops->ctx_sync(e.dev), FS_OK);
+            for (int i = 0; i < 3; i++)
+                if (ok[i])
+                    check(&e, v[i], sz[i], (uint32_t)i, 1);
+            env_close(&e);
+        }
+    }
+    fs_log_set_level(FS_LOG_WARN);
+}
+
+struct worker {
+    struct env *e;
+    fs_dptr v[2];
+    uint64_t sz[2];
+    int rounds;
+    struct kctx k; /* outlives the thread: kernels run when the clock reaches them */
+};
+
+static void *worker_main(void *arg)
+{
+    struct worker *w = arg;
+    w->k.words = (uint32_t)(w->sz[0] / 4);
+    for (int r = 0; r < w->rounds; r++)
+        for (int i = 0; i < 2; i++)
+            launch(w->e, &w->v[i], &w->sz[i], 1, 20000, add_one, &w->k);
+    return NULL;
+}
+
+static void test_threads_under_pressure(void **state)
+{
+    (void)state;
+    struct env e;
+    env_open(&e, 64 * MIB, true);
+    enum { T = THREADS };
+    struct worker w[T];
+    pthread_t th[T];
+    for (int t = 0; t < T; t++) {
+        w[t] = (struct worker){.e = &e, .sz = {16 * MIB, 16 * MIB}, .rounds = 10};
+        for (int i = 0; i < 2; i++) {
+            assert_int_equal(fs_res_alloc(&e.res, w[t].sz[i], &w[t].v[i]), FS_OK);
+            fill(&e, w[t].v[i], w[t].sz[i], (uint32_t)(t * 2 + i));
+        }
+    }
+    for (int t = 0; t < T; t++)
+        assert_int_equal(pthread_create(&th[t], NULL, worker_main, &w[t]), 0);
+    for (int t = 0; t < T; t++)
+        pthread_join(th[t], NULL);
+    assert_int_equal(e.dev->ops->ctx_sync(e.dev), FS_OK);
+    for (int t = 0; t < T; t++)
+        for (int i = 0; i < 2; i++)
+            check(&e, w[t].v[i], w[t].sz[i], (uint32_t)(t * 2 + i), 10);
+    assert_true(fs_res_device_bytes(&e.res) <= 64 * MIB);
+    env_close(&e);
+}
+
+static void test_free_returns_memory_and_rejects_interior(void **state)
+{
+    (void)state;
+    struct env e;
+    env_open(&e, 64 * MIB, true);
+    fs_dptr a;
+    assert_int_equal(fs_res_alloc(&e.res, 24 * MIB, &a), FS_OK);
+    assert_int_equal(fs_res_free(&e.res, a + 4096), FS_ERR_INVALID);
+    assert_int_equal(fs_res_free(&e.res, 0x1234), FS_ERR_NOT_FOUND);
+    assert_int_equal(fs_res_free(&e.res, a), FS_OK);
+    assert_null(fs_res_lookup(&e.res, a));
+    assert_int_equal(fs_res_free(&e.res, a), FS_ERR_NOT_FOUND);
+    fs_dptr b;
+    assert_int_equal(fs_res_alloc(&e.res, 24 * MIB, &b), FS_OK); /* the cached block is reused */
+    assert_int_equal(e.res.dev_pool.blocks_created, 1);
+    struct fs_res_stats s;
+    fs_res_get_stats(&e.res, &s);
+    assert_int_equal(s.allocs_live, 1);
+    env_close(&e);
+}
+
+int main(void)
+{
+    const struct CMUnitTest tests[] = {
+        cmocka_unit_test(test_alloc_within_budget_stays_on_device),
+        cmocka_unit_test(test_eviction_preserves_data),
+        cmocka_unit_test(test_launch_faults_in_and_kernel_sees_data),
+        cmocka_unit_test(test_allocation_larger_than_budget_lives_on_host),
+        cmocka_unit_test(test_quiet_rule_strict),
+        cmocka_unit_test(test_quiet_rule_tracked),
+        cmocka_unit_test(test_strict_protects_pointers_kept_in_memory),
+        cmocka_unit_test(test_tracked_misses_pointers_kept_in_memory),
+        cmocka_unit_test(test_layout_cache_and_unknown_launches),
+        cmocka_unit_test(test_capture_never_remaps),
+        cmocka_unit_test(test_failure_injection),
+        cmocka_unit_test(test_threads_under_pressure),
+        cmocka_unit_test(test_free_returns_memory_and_rejects_interior),
+    };
+    return cmocka_run_group_tests(tests, NULL, NULL);
+}
