@@ -33,6 +33,7 @@ FAKE_CUDART   := $(BUILD)/tests/fake/libcudart.so.13
 LIB  := $(BUILD)/libflexshim.so
 CORE_A := $(BUILD)/libflexshim_core.a
 TOOL := $(BUILD)/flexshim-profile
+SIMDEMO := $(BUILD)/flexshim-simdemo
 
 .DEFAULT_GOAL := all
 
@@ -40,8 +41,8 @@ TOOL := $(BUILD)/flexshim-profile
 deps:
 	tools/install-deps.sh
 
-.PHONY: deps all test test-unit test-preload test-asan test-valgrind dist install clean gpu-build
-all: $(LIB) $(TOOL)
+.PHONY: deps demo all test test-unit test-preload test-asan test-valgrind dist install clean gpu-build
+all: $(LIB) $(TOOL) $(SIMDEMO)
 
 $(BUILD)/%.o: %.c $(wildcard core/*.h shim/*.h strategies/*.h)
 	@mkdir -p $(@D)
@@ -59,6 +60,19 @@ $(LIB): $(SHIM_OBJ) $(CORE_A)
 
 $(TOOL): $(TOOL_OBJ) $(CORE_A)
 	$(CC) $(LDFLAGS) -Wl,-rpath,'$$ORIGIN/../lib' -o $@ $(TOOL_OBJ) $(CORE_A) $(LDLIBS)
+
+$(SIMDEMO): $(BUILD)/tools/flexshim-simdemo.o $(CORE_A)
+	$(CC) $(LDFLAGS) -o $@ $< $(CORE_A) $(LDLIBS)
+
+# The main job: on a GPU machine a CUDA program under the shim (tests/gpu/run.sh, step b), else
+# the engine on the simulated device.
+demo: all
+	@if nvidia-smi -L >/dev/null 2>&1; then \
+	    $(MAKE) dist && OUT=$${OUT:-/tmp/flexshim-demo} STEPS_ONLY=b bash tests/gpu/run.sh; \
+	else \
+	    echo "demo: no GPU on this machine (nvidia-smi finds none): running the engine on the simulated device"; \
+	    $(SIMDEMO); \
+	fi
 
 # ---- tests ---------------------------------------------------------------------------------
 $(BUILD)/tests/%: tests/unit/%.c $(CORE_A) tests/unit/test_util.h
@@ -96,10 +110,11 @@ test-valgrind: $(UNIT_BIN)
 dist: all
 	rm -rf dist && mkdir -p dist/lib dist/bin dist/etc dist/include
 	cp $(LIB) dist/lib/
-	cp $(TOOL) dist/bin/
+	cp $(TOOL) $(SIMDEMO) dist/bin/
 	cp conf/flexshim.ini dist/etc/
 	cp shim/flexshim.h dist/include/
 	for l in $$(ldd $(LIB) | awk '/libinih|libjansson/ {print $$3}'); do cp -L $$l dist/lib/; done
+	tests/gpu/build.sh $(BUILD) dist/bin/gpu-tests
 	@echo "dist/: $$(ls dist/lib dist/bin | tr '\n' ' ')"
 
 install: all

@@ -32,6 +32,9 @@ import threading
 import time
 
 MiB = 1 << 20
+# No network: the model is built from a config, nothing is downloaded.
+os.environ.setdefault("HF_HUB_OFFLINE", "1")
+os.environ.setdefault("TRANSFORMERS_OFFLINE", "1")
 
 
 # ---- memory sampling -------------------------------------------------------------------------

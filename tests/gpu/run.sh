@@ -1,0 +1,642 @@
+#!/usr/bin/env bash
+# flexshim GPU test suite: the one script run on the GPU machine, from the repository root.
+#
+#   OUT=/some/dir bash tests/gpu/run.sh            # every step
+#   STEPS_ONLY="a b" OUT=... bash tests/gpu/run.sh  # a subset
+#
+# Needs, built on the development machine and carried along (the GPU machine has no libinih,
+# libjansson or package registry):
+#   dist/lib/libflexshim.so, dist/bin/flexshim-profile   (`make dist`)
+#   build/libflexshim_core.a   (`make`; step a builds tests/gpu/*.c against it with
+#                              tests/gpu/build.sh), or instead a prebuilt
+#                              dist/bin/gpu-tests/test_device_cuda (`tests/gpu/build.sh build
+#                              dist/bin/gpu-tests` here)
+# On the GPU machine itself: nvcc (step b builds tests/gpu/prog_evict.cu), gcc, python3 with
+# torch, transformers and nvidia-ml-py.
+#
+# Steps (each logged, each ends with a PASS/WARN/FAIL/SKIP line; a failure does not stop the run):
+#   a  device     tests/gpu/test_device_cuda.c: core/device_cuda.c on the real device
+#   b  evict      tests/gpu/prog_evict.cu, 48 x 64 MiB buffers (3 GiB) under a 512 MiB budget:
+#                 output identical to the unshimmed run, and evictions > 0
+#   c  llama      tests/gpu/llama_test.py, ~2.2 GB bf16 Llama with random weights, budgets of
+#                 1/2 and 1/4 of its weights: prefill logits bit-identical and the same greedy
+#                 tokens over 32 decode steps; peak process GPU memory vs budget (stated)
+#   d  soak       500 decode steps at 1/4 of the weights, tokens identical to an unshimmed run
+#   e  overhead   64 timed decode steps without and with the shim at 100% (no eviction
+#                 needed): median step time after 8 warm-up steps, ratio
+# Every shimmed process runs with FLEXTENSOR_LOG_LEVEL=info and its own FLEXTENSOR_LOG_FILE; the
+# shim's exit counters (allocations / residency / launches) are extracted and printed.
+#
+# Output (at most 8 files come back from $OUT, so only three are written there):
+#   $OUT/run.log        everything, as it runs (so a run cut short still leaves its log)
+#   $OUT/summary.txt    the final table
+#   $OUT/details.tar.gz per-step logs, shim logs, program outputs, JSON lines (written after
+#                       every step)
+# The whole run keeps under TOTAL_BUDGET_S seconds (default 570: one device command may run 600):
+# each command's `timeout` is cut to what is left, and a step with too little time left is
+# skipped.
+set -uo pipefail
+export PYTHONUNBUFFERED=1
+
+ROOT=$(cd "$(dirname "${BASH_SOURCE[0]}")/../.." && pwd)
+cd "$ROOT" || exit 1
+OUT=${OUT:-$ROOT/out}
+mkdir -p "$OUT" || exit 1
+WORK=$(mktemp -d "${TMPDIR:-/tmp}/flexshim-gpu.XXXXXX") || exit 1
+LOGS=$WORK/logs
+RESULTS=$WORK/results
+mkdir -p "$LOGS" "$RESULTS"
+export ROOT OUT WORK LOGS RESULTS
+
+CUDA_HOME=${CUDA_HOME:-/usr/local/cuda}
+NVCC=${NVCC:-$CUDA_HOME/bin/nvcc}
+LIB=$ROOT/dist/lib/libflexshim.so
+PY=${PYTHON:-python3}
+STEPS_ONLY=${STEPS_ONLY:-a b c d e}
+TOTAL_BUDGET_S=${TOTAL_BUDGET_S:-570}
+CMD_TIMEOUT_S=${CMD_TIMEOUT_S:-300}
+EVICT_LIMIT=${EVICT_LIMIT:-512MiB}
+LLAMA_STEPS=${LLAMA_STEPS:-32}
+SOAK_STEPS=${SOAK_STEPS:-500}
+OVERHEAD_STEPS=${OVERHEAD_STEPS:-64}
+OVERHEAD_WARMUP=${OVERHEAD_WARMUP:-8}
+MEM_FLAG_MIB=${MEM_FLAG_MIB:-3072}
+START_S=$(date +%s)
+DEADLINE_S=$((START_S + TOTAL_BUDGET_S))
+export CUDA_HOME NVCC LIB PY DEADLINE_S
+# No INI file from the machine or the tree: only the settings given here.
+export FLEXTENSOR_CONFIG=
+# Nothing can be fetched there; the models are built from a config.
+export HF_HUB_OFFLINE=1 TRANSFORMERS_OFFLINE=1
+
+want() { case " $STEPS_ONLY " in *" $1 "*) return 0 ;; *) return 1 ;; esac; }
+now() { date +%s.%N; }
+elapsed() { awk -v a="$1" -v b="$(now)" 'BEGIN { printf "%.1f", b - a }'; }
+
+# Seconds a command may run: CMD_TIMEOUT_S (or $1), cut to what is left before the deadline.
+tmo() {
+    local want_s=${1:-$CMD_TIMEOUT_S} left=$((DEADLINE_S - $(date +%s) - 10))
+    ((left < want_s)) && want_s=$left
+    ((want_s < 1)) && want_s=1
+    echo "$want_s"
+}
+time_left() { echo $((DEADLINE_S - $(date +%s))); }
+
+# record STEP RESULT NOTES: one row of the summary table.
+record() {
+    printf '%s|%s|%s\n' "$1" "$2" "$3" >"$RESULTS/$1"
+    echo "==> $1: $2${3:+ ($3)}"
+}
+
+# Collects what comes back in one file; run after every step.
+pack() {
+    (cd "$WORK" && find . -type f ! -name '*.pt' ! -name 'prog_evict' -size -20M -print0 |
+        tar --null -czf "$OUT/details.tar.gz.tmp" -T - 2>/dev/null) &&
+        mv -f "$OUT/details.tar.gz.tmp" "$OUT/details.tar.gz"
+}
+
+# Small helpers in Python: shim-log counters, JSON fields, comparisons of numbers.
+cat >"$WORK/helpers.py" <<'PYEOF'
+import json, re, sys
+
+PFX = re.compile(r"^\[flexshim (\d+)\] (\w+): (.*)$")
+ALLOC = re.compile(r"allocations: (\d+) managed \((\d+) bytes\), (\d+) passed through "
+                   r"\((\d+) bytes\); (\d+) frees")
+RES = re.compile(r"residency: budget (.+?), device peak (.+?), pinned host (.+?); (\d+) evictions "
+                 r"\((\d+) bytes\), (\d+) fault-ins \((\d+) bytes\), (\d+) placed on host, "
+                 r"(\d+) host-served references, (\d+) forced synchronizes, (\d+) internal failures")
+LAUNCH = re.compile(r"launches: (\d+) seen, (\d+) referencing managed memory, (\d+) unknown "
+                    r"\(parameters unreadable\), (\d+) layout queries")
+
+
+def counters(path, want_pid=None):
+    """Prints the shim's exit counters of the chosen process(es) and a COUNTERS key=value line
+    (summed over the chosen processes)."""
+    per = {}
+    warn = []
+    try:
+        lines = open(path, errors="replace").read().splitlines()
+    except OSError as e:
+        print(f"  (no shim log: {e})")
+        lines = []
+    for line in lines:
+        m = PFX.match(line)
+        if not m:
+            continue
+        pid, level, text = m.group(1), m.group(2), m.group(3)
+        d = per.setdefault(pid, {"lines": []})
+        if level in ("warn", "error"):
+            warn.append((pid, level, text))
+        for key, rx in (("alloc", ALLOC), ("res", RES), ("launch", LAUNCH)):
+            mm = rx.match(text)
+            if mm:
+                d[key] = mm.groups()
+                d["lines"].append(line)
+    if want_pid:
+        chosen = [want_pid] if want_pid in per else []
+    else:
+        chosen = [p for p, d in per.items() if "alloc" in d and int(d["alloc"][0]) > 0]
+        if not chosen:
+            chosen = [p for p, d in per.items() if "alloc" in d]
+    kv = dict(found=0, pids=len(chosen), managed=0, managed_bytes=0, passthrough=0,
+              passthrough_bytes=0, frees=0, evictions=0, evicted_bytes=0, faults=0,
+              faulted_bytes=0, placed_on_host=0, host_served=0, syncs=0, failures=0,
+              launches=0, with_refs=0, unknown=0, layout_queries=0,
+              warnings=sum(1 for w in warn if w[1] == "warn" and (not chosen or w[0] in chosen)),
+              errors=sum(1 for w in warn if w[1] == "error" and (not chosen or w[0] in chosen)))
+    for p in chosen:
+        d = per[p]
+        for line in d["lines"]:
+            print("  " + line)
+        if "alloc" in d:
+            kv["found"] = 1
+            a = [int(x) for x in d["alloc"]]
+            for k, v in zip(("managed", "managed_bytes", "passthrough", "passthrough_bytes",
+                             "frees"), a):
+                kv[k] += v
+        if "res" in d:
+            r = d["res"]
+            kv["budget"] = r[0].replace(" ", "")
+            kv["device_peak"] = r[1].replace(" ", "")
+            kv["pinned_host"] = r[2].replace(" ", "")
+            for k, v in zip(("evictions", "evicted_bytes", "faults", "faulted_bytes",
+                             "placed_on_host", "host_served", "syncs", "failures"),
+                            [int(x) for x in r[3:]]):
+                kv[k] += v
+        if "launch" in d:
+            for k, v in zip(("launches", "with_refs", "unknown", "layout_queries"),
+                            [int(x) for x in d["launch"]]):
+                kv[k] += v
+    if not chosen:
+        print(f"  (no exit counters in {path}; {len(lines)} lines; its last lines:)")
+        for line in lines[-15:]:
+            print("    " + line)
+    shown = [w for w in warn if not chosen or w[0] in chosen]
+    if shown:
+        print(f"  {len(shown)} warn/error line(s) from the shim; the first ones:")
+        for pid, level, text in shown[:15]:
+            print(f"    [{pid}] {level}: {text}")
+    print("COUNTERS " + " ".join(f"{k}={v}" for k, v in kv.items()))
+
+
+def jget(path, *keys):
+    """Fields of the last line starting with '{' in PATH, one per line ('' for none/null)."""
+    obj = {}
+    for line in open(path, errors="replace"):
+        if line.startswith("{"):
+            try:
+                obj = json.loads(line)
+            except ValueError:
+                pass
+    for k in keys:
+        v = obj.get(k)
+        print("" if v is None else v)
+
+
+if __name__ == "__main__":
+    cmd, args = sys.argv[1], sys.argv[2:]
+    if cmd == "counters":
+        counters(args[0], args[1] if len(args) > 1 and args[1] else None)
+    elif cmd == "jget":
+        jget(args[0], *args[1:])
+    else:
+        sys.exit(f"helpers.py: unknown command {cmd}")
+PYEOF
+H() { "$PY" "$WORK/helpers.py" "$@"; }
+# kv FILE KEY: a value from the COUNTERS line in FILE (empty if none).
+kv() { grep '^COUNTERS ' "$1" 2>/dev/null | tail -1 | tr ' ' '\n' | sed -n "s/^$2=//p"; }
+# Shim counters of LOG (optionally of PID) into FILE, shown too.
+show_counters() { # LOG FILE [PID]
+    echo "shim counters ($1):"
+    H counters "$1" "${3:-}" | tee "$2"
+}
+
+# shim_env LOGFILE LIMIT: the environment of a shimmed run (use: env $(shim_env ...) cmd).
+shim_env() {
+    echo "LD_PRELOAD=$LIB FLEXTENSOR_GPU_MEMORY_LIMIT=$2 FLEXTENSOR_LOG_LEVEL=info FLEXTENSOR_LOG_FILE=$1"
+}
+
+# ---- preamble --------------------------------------------------------------------------------
+preamble() {
+    echo "flexshim GPU tests: $(date -u '+%Y-%m-%d %H:%M:%S UTC'), $(hostname), steps: $STEPS_ONLY"
+    echo "repository: $ROOT ($(git -C "$ROOT" rev-parse --short HEAD 2>/dev/null || echo '?')" \
+        "$(git -C "$ROOT" status --porcelain 2>/dev/null | wc -l | tr -d ' ') changed files)"
+    echo "work dir: $WORK; out: $OUT; time budget ${TOTAL_BUDGET_S}s"
+    local ok=1
+    for f in dist/lib/libflexshim.so dist/bin/flexshim-profile; do
+        if [ -e "$f" ]; then
+            echo "found $f ($(stat -c %s "$f") bytes, $(date -u -r "$f" '+%Y-%m-%d %H:%M UTC'))"
+        else
+            echo "MISSING $f: run 'make dist' on the development machine and carry dist/ along"
+            ok=0
+        fi
+    done
+    echo "--- nvidia-smi -L"
+    nvidia-smi -L 2>&1
+    echo "--- driver, memory"
+    nvidia-smi --query-gpu=name,driver_version,memory.total,memory.used,pci.bus_id \
+        --format=csv 2>&1
+    nvidia-smi --query-compute-apps=pid,used_memory --format=csv 2>&1
+    echo "--- toolchain"
+    "$NVCC" --version 2>&1 | tail -2
+    gcc --version 2>&1 | head -1
+    "$PY" --version 2>&1
+    echo "--- libflexshim.so"
+    ldd "$LIB" 2>&1
+    env | grep '^FLEXTENSOR_' | sort
+    if [ -x dist/bin/flexshim-profile ]; then
+        echo "--- flexshim-profile config --check (environment of this script)"
+        LD_LIBRARY_PATH=$ROOT/dist/lib${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH} \
+            dist/bin/flexshim-profile config --check 2>&1
+        echo "(exit $?)"
+    fi
+    [ "$ok" = 1 ]
+}
+
+# ---- a: test_device_cuda ---------------------------------------------------------------------
+step_a() {
+    local t0 bin=dist/bin/gpu-tests/test_device_cuda rc
+    t0=$(now)
+    if [ -f build/libflexshim_core.a ]; then
+        # build.sh links -linih -ljansson; the GPU machine has neither, only the sonamed
+        # copies that `make dist` put in dist/lib (just those libflexshim.so needs), so give the
+        # linker unversioned names for them, and an empty linker script for one not there
+        # (nothing links against it then: libflexshim.so itself does not need it).
+        local ld=$WORK/linkdir lib f
+        mkdir -p "$ld"
+        for lib in inih jansson; do
+            f=$(find dist/lib -maxdepth 1 -name "lib$lib.so*" | head -1)
+            if [ -n "$f" ]; then
+                ln -sf "$ROOT/$f" "$ld/lib$lib.so"
+            else
+                echo "/* lib$lib: not in dist/lib, not needed */" >"$ld/lib$lib.so"
+            fi
+        done
+        echo "building tests/gpu/*.c: tests/gpu/build.sh build dist/bin/gpu-tests"
+        if ! CC="${CC:-gcc} -L$ld" sh tests/gpu/build.sh build dist/bin/gpu-tests 2>&1; then
+            echo "build failed"
+            [ -x "$bin" ] && echo "using the prebuilt $bin"
+        fi
+    else
+        echo "build/libflexshim_core.a not here: using a prebuilt $bin if any"
+    fi
+    if [ ! -x "$bin" ]; then
+        record a FAIL "no $bin: carry build/ (make) or prebuild with tests/gpu/build.sh"
+        return
+    fi
+    LD_LIBRARY_PATH=$ROOT/dist/lib${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH} \
+        timeout -k 10 "$(tmo 120)" "$bin" 2>&1 | tee "$WORK/device.out"
+    rc=${PIPESTATUS[0]}
+    local line
+    line=$(grep -E '^device_cuda: [0-9]+ passed' "$WORK/device.out" | tail -1)
+    echo "exit $rc, $(elapsed "$t0") s"
+    grep '^FAIL ' "$WORK/device.out" | head -20 | sed 's/^/  /'
+    if [ "$rc" = 0 ]; then
+        record a PASS "${line:-?}"
+    else
+        record a FAIL "exit $rc; ${line:-no summary line}"
+    fi
+}
+
+# ---- b: prog_evict ---------------------------------------------------------------------------
+step_b() {
+    local t0 bin=$WORK/prog_evict rc_ref rc_shim slog=$WORK/shim-evict.log
+    t0=$(now)
+    echo "building: $NVCC -O2 -arch=sm_90 -cudart shared -o $bin tests/gpu/prog_evict.cu"
+    if ! "$NVCC" -O2 -arch=sm_90 -cudart shared -Xlinker -rpath -Xlinker "$CUDA_HOME/lib64" \
+        -o "$bin" tests/gpu/prog_evict.cu 2>&1; then
+        record b FAIL "nvcc failed"
+        return
+    fi
+    ldd "$bin" | grep -E 'cudart|not found'
+    echo "--- without the shim"
+    local t1
+    t1=$(now)
+    timeout -k 10 "$(tmo 120)" "$bin" >"$WORK/evict-ref.txt" 2>"$WORK/evict-ref.err"
+    rc_ref=$?
+    cat "$WORK/evict-ref.err"
+    echo "exit $rc_ref, $(elapsed "$t1") s"
+    echo "--- with the shim: FLEXTENSOR_GPU_MEMORY_LIMIT=$EVICT_LIMIT"
+    rm -f "$slog"
+    t1=$(now)
+    # shellcheck disable=SC2046
+    timeout -k 10 "$(tmo 150)" env $(shim_env "$slog" "$EVICT_LIMIT") "$bin" \
+        >"$WORK/evict-shim.txt" 2>"$WORK/evict-shim.err"
+    rc_shim=$?
+    cat "$WORK/evict-shim.err"
+    echo "exit $rc_shim, $(elapsed "$t1") s"
+    show_counters "$slog" "$WORK/evict.counters"
+    local same=0 ndiff=0
+    if cmp -s "$WORK/evict-ref.txt" "$WORK/evict-shim.txt"; then
+        same=1
+        echo "outputs identical ($(wc -l <"$WORK/evict-ref.txt") lines)"
+    else
+        ndiff=$(diff "$WORK/evict-ref.txt" "$WORK/evict-shim.txt" | grep -c '^[<>]')
+        echo "outputs DIFFER ($ndiff lines of diff); the first differences:"
+        diff "$WORK/evict-ref.txt" "$WORK/evict-shim.txt" | head -40
+    fi
+    local ev managed found fail
+    ev=$(kv "$WORK/evict.counters" evictions)
+    managed=$(kv "$WORK/evict.counters" managed)
+    found=$(kv "$WORK/evict.counters" found)
+    fail=$(kv "$WORK/evict.counters" failures)
+    local notes="ref exit $rc_ref, shim exit $rc_shim, managed ${managed:-?}, evictions ${ev:-?}"
+    notes+=", fault-ins $(kv "$WORK/evict.counters" faults), host-served"
+    notes+=" $(kv "$WORK/evict.counters" host_served), failures ${fail:-?}"
+    echo "total $(elapsed "$t0") s"
+    if [ "$rc_ref" != 0 ] || [ "$rc_shim" != 0 ]; then
+        record b FAIL "$notes"
+    elif [ "$same" != 1 ]; then
+        record b FAIL "outputs differ ($ndiff diff lines); $notes"
+    elif [ "$found" != 1 ]; then
+        record b FAIL "no shim counters in the log; $notes"
+    elif [ "${ev:-0}" -le 0 ]; then
+        record b FAIL "identical but no eviction happened; $notes"
+    elif [ "${fail:-0}" -gt 0 ]; then
+        record b WARN "identical, but internal failures; $notes"
+    else
+        record b PASS "identical; $notes"
+    fi
+}
+
+# ---- llama helpers ---------------------------------------------------------------------------
+# llama_run NAME STEPS TIMEOUT [LIMIT] [extra args]: runs llama_test.py run (shimmed when LIMIT is
+# given) with output to $WORK/NAME.pt and log $WORK/NAME.log; returns its exit status.
+llama_run() {
+    local name=$1 steps=$2 t=$3 limit=${4:-} rc t0
+    shift 4 2>/dev/null || shift $#
+    local slog=$WORK/shim-$name.log
+    rm -f "$slog" "$WORK/$name.pt"
+    t0=$(now)
+    if [ -n "$limit" ]; then
+        echo "--- $name: shimmed, FLEXTENSOR_GPU_MEMORY_LIMIT=$limit, $steps decode steps"
+        # shellcheck disable=SC2046
+        timeout -k 10 "$t" env $(shim_env "$slog" "$limit") "$PY" tests/gpu/llama_test.py run \
+            --out "$WORK/$name.pt" --steps "$steps" "$@" 2>&1 | tee "$WORK/$name.log"
+        rc=${PIPESTATUS[0]}
+    else
+        echo "--- $name: without the shim, $steps decode steps"
+        timeout -k 10 "$t" "$PY" tests/gpu/llama_test.py run --out "$WORK/$name.pt" --steps "$steps" \
+            "$@" 2>&1 | tee "$WORK/$name.log"
+        rc=${PIPESTATUS[0]}
+    fi
+    echo "$name: exit $rc, $(elapsed "$t0") s"
+    [ "$rc" = 124 ] && echo "$name: TIMED OUT after $t s"
+    return "$rc"
+}
+
+# The unshimmed reference (prefill logits, tokens, weight bytes), made once: with SOAK_STEPS
+# decode steps when step d runs too (its first LLAMA_STEPS tokens serve step c).
+ensure_ref() {
+    if [ -f "$WORK/llama-ref.pt" ] && [ -f "$WORK/llama-ref.log" ]; then
+        echo "reference: reusing $WORK/llama-ref.pt"
+        return 0
+    fi
+    local steps=$LLAMA_STEPS
+    want d && steps=$((SOAK_STEPS > LLAMA_STEPS ? SOAK_STEPS : LLAMA_STEPS))
+    llama_run llama-ref "$steps" "$(tmo 180)" "" || {
+        rm -f "$WORK/llama-ref.pt"
+        return 1
+    }
+}
+
+weight_bytes() { H jget "$WORK/llama-ref.log" weight_bytes; }
+
+# ---- c: llama under 1/2 and 1/4 of the weights -----------------------------------------------
+step_c() {
+    local t0
+    t0=$(now)
+    if ! ensure_ref; then
+        record c FAIL "the unshimmed reference run failed"
+        return
+    fi
+    local wb ref_mem
+    wb=$(weight_bytes)
+    ref_mem=$(H jget "$WORK/llama-ref.log" max_process_mem_mib)
+    if [ -z "$wb" ]; then
+        record c FAIL "no weight_bytes in the reference run's JSON line"
+        return
+    fi
+    echo "weights: $wb bytes ($((wb >> 20)) MiB); reference (no shim) max process memory:" \
+        "${ref_mem:-?} MiB ($(H jget "$WORK/llama-ref.log" mem_method))"
+    local result=PASS notes="" frac
+    for frac in 2 4; do
+        local name=llama-q$frac budget rc cmp_rc
+        budget=$(((wb >> 20) / frac))
+        if (($(time_left) < 60)); then
+            echo "$name: skipped, out of time"
+            result=FAIL
+            notes+="1/$frac: skipped (time); "
+            continue
+        fi
+        llama_run "$name" "$LLAMA_STEPS" "$(tmo 150)" "${budget}MiB"
+        rc=$?
+        local pid mem method
+        pid=$(H jget "$WORK/$name.log" pid)
+        show_counters "$WORK/shim-$name.log" "$WORK/$name.counters" "$pid"
+        if [ "$rc" != 0 ] || [ ! -f "$WORK/$name.pt" ]; then
+            result=FAIL
+            notes+="1/$frac: exit $rc; "
+            continue
+        fi
+        "$PY" tests/gpu/llama_test.py compare "$WORK/llama-ref.pt" "$WORK/$name.pt" \
+            --steps "$LLAMA_STEPS" 2>&1 | tee "$WORK/$name.compare"
+        cmp_rc=${PIPESTATUS[0]}
+        mem=$(H jget "$WORK/$name.log" max_process_mem_mib)
+        method=$(H jget "$WORK/$name.log" mem_method)
+        local over="?" flag=""
+        if [ -n "$mem" ]; then
+            over=$(awk -v m="$mem" -v b="$budget" 'BEGIN { printf "%.0f", m - b }')
+            if awk -v o="$over" -v f="$MEM_FLAG_MIB" 'BEGIN { exit !(o > f) }'; then
+                flag=" OVER budget+${MEM_FLAG_MIB}MiB"
+            fi
+        fi
+        local ev placed managed found fail
+        ev=$(kv "$WORK/$name.counters" evictions)
+        placed=$(kv "$WORK/$name.counters" placed_on_host)
+        managed=$(kv "$WORK/$name.counters" managed)
+        found=$(kv "$WORK/$name.counters" found)
+        fail=$(kv "$WORK/$name.counters" failures)
+        echo "MEMORY 1/$frac: budget $budget MiB, max process GPU memory ${mem:-?} MiB" \
+            "($method), overhead ${over} MiB (pass-through allocations, CUDA context," \
+            "cuBLAS workspace, shim staging)$flag; device peak (shim) $(kv "$WORK/$name.counters" device_peak)," \
+            "pinned host $(kv "$WORK/$name.counters" pinned_host)"
+        echo "TIME 1/$frac: $(H jget "$WORK/$name.log" decode_ms_per_step) ms/decode step," \
+            "reference $(H jget "$WORK/llama-ref.log" decode_ms_per_step) ms"
+        local part="1/$frac=${budget}MiB: mem ${mem:-?}MiB (+${over}), ev ${ev:-?}"
+        if [ "$cmp_rc" != 0 ]; then
+            result=FAIL
+            part+=", MISMATCH"
+        elif [ "$found" != 1 ]; then
+            [ "$result" = PASS ] && result=WARN
+            part+=", no counters"
+        elif [ "${managed:-0}" -le 0 ] || [ $((${ev:-0} + ${placed:-0})) -le 0 ]; then
+            result=FAIL
+            part+=", nothing offloaded (managed ${managed:-0})"
+        else
+            part+=", identical"
+        fi
+        if [ -n "$flag" ] || [ "${fail:-0}" -gt 0 ]; then
+            [ "$result" = PASS ] && result=WARN
+            [ -n "$flag" ] && part+=",$flag"
+            [ "${fail:-0}" -gt 0 ] && part+=", $fail internal failures"
+        fi
+        notes+="$part; "
+    done
+    echo "total $(elapsed "$t0") s"
+    record c "$result" "ref mem ${ref_mem:-?}MiB; ${notes%; }"
+}
+
+# ---- d: soak, SOAK_STEPS decode steps at 1/4 of the weights ----------------------------------
+step_d() {
+    local t0
+    t0=$(now)
+    if ! ensure_ref; then
+        record d FAIL "the unshimmed reference run failed"
+        return
+    fi
+    local ref_steps
+    ref_steps=$(H jget "$WORK/llama-ref.log" steps)
+    if [ "${ref_steps:-0}" -lt "$SOAK_STEPS" ]; then
+        echo "the reference has $ref_steps steps; making one of $SOAK_STEPS"
+        rm -f "$WORK/llama-ref.pt" "$WORK/llama-ref.log"
+        LLAMA_STEPS=$SOAK_STEPS ensure_ref || {
+            record d FAIL "the unshimmed reference run failed"
+            return
+        }
+    fi
+    local wb budget
+    wb=$(weight_bytes)
+    budget=$(((wb >> 20) / 4))
+    if (($(time_left) < 90)); then
+        record d SKIP "out of time ($(time_left) s left)"
+        return
+    fi
+    # Leave step e its time: a soak that runs too long is cut (and fails) rather than e skipped.
+    local rc cmp_rc=1 pid soak_t=400
+    if want e; then
+        soak_t=$(($(time_left) - 100))
+        ((soak_t > 400)) && soak_t=400
+    fi
+    llama_run llama-soak "$SOAK_STEPS" "$(tmo "$soak_t")" "${budget}MiB"
+    rc=$?
+    pid=$(H jget "$WORK/llama-soak.log" pid)
+    show_counters "$WORK/shim-llama-soak.log" "$WORK/soak.counters" "$pid"
+    if [ "$rc" = 0 ] && [ -f "$WORK/llama-soak.pt" ]; then
+        "$PY" tests/gpu/llama_test.py compare "$WORK/llama-ref.pt" "$WORK/llama-soak.pt" \
+            --steps "$SOAK_STEPS" 2>&1 | tee "$WORK/soak.compare"
+        cmp_rc=${PIPESTATUS[0]}
+    fi
+    local ev fail errs mem notes
+    ev=$(kv "$WORK/soak.counters" evictions)
+    fail=$(kv "$WORK/soak.counters" failures)
+    errs=$(kv "$WORK/soak.counters" errors)
+    mem=$(H jget "$WORK/llama-soak.log" max_process_mem_mib)
+    notes="budget ${budget}MiB, exit $rc, $(H jget "$WORK/llama-soak.log" decode_ms_per_step)"
+    notes+=" ms/step, evictions ${ev:-?}, fault-ins $(kv "$WORK/soak.counters" faults),"
+    notes+=" failures ${fail:-?}, shim errors ${errs:-?}, max mem ${mem:-?}MiB"
+    echo "total $(elapsed "$t0") s"
+    if [ "$rc" != 0 ]; then
+        record d FAIL "$notes"
+    elif [ "$cmp_rc" != 0 ]; then
+        record d FAIL "tokens differ; $notes"
+    elif [ "${fail:-0}" -gt 0 ] || [ "${errs:-0}" -gt 0 ]; then
+        record d FAIL "identical, but the shim reported errors; $notes"
+    elif [ "${ev:-0}" -le 0 ]; then
+        record d WARN "identical, but no eviction seen; $notes"
+    else
+        record d PASS "$SOAK_STEPS steps identical; $notes"
+    fi
+}
+
+# ---- e: overhead at 100% (no eviction needed) ------------------------------------------------
+step_e() {
+    local t0 rc1 rc2
+    t0=$(now)
+    if (($(time_left) < 60)); then
+        record e SKIP "out of time ($(time_left) s left)"
+        return
+    fi
+    local args=(--time-steps --warmup "$OVERHEAD_WARMUP")
+    llama_run llama-time-plain "$OVERHEAD_STEPS" "$(tmo 120)" "" "${args[@]}"
+    rc1=$?
+    llama_run llama-time-shim "$OVERHEAD_STEPS" "$(tmo 120)" "100%" "${args[@]}"
+    rc2=$?
+    local pid
+    pid=$(H jget "$WORK/llama-time-shim.log" pid)
+    show_counters "$WORK/shim-llama-time-shim.log" "$WORK/time.counters" "$pid"
+    if [ "$rc1" != 0 ] || [ "$rc2" != 0 ]; then
+        record e FAIL "exit $rc1 (plain), $rc2 (shim)"
+        return
+    fi
+    local cmp_rc
+    "$PY" tests/gpu/llama_test.py compare "$WORK/llama-time-plain.pt" \
+        "$WORK/llama-time-shim.pt" 2>&1 | tee "$WORK/time.compare"
+    cmp_rc=${PIPESTATUS[0]}
+    local a b ratio ev
+    a=$(H jget "$WORK/llama-time-plain.log" median_step_ms)
+    b=$(H jget "$WORK/llama-time-shim.log" median_step_ms)
+    ev=$(kv "$WORK/time.counters" evictions)
+    ratio=$(awk -v a="$a" -v b="$b" 'BEGIN { if (a > 0) printf "%.3f", b / a; else print "?" }')
+    echo "OVERHEAD: median decode step (after $OVERHEAD_WARMUP warm-up of $OVERHEAD_STEPS):" \
+        "${a:-?} ms without the shim, ${b:-?} ms with it at 100%: ratio $ratio" \
+        "(evictions ${ev:-?}, launches $(kv "$WORK/time.counters" launches))"
+    local notes="plain ${a:-?} ms, shim ${b:-?} ms, ratio $ratio, evictions ${ev:-?}"
+    echo "total $(elapsed "$t0") s"
+    if [ -z "$a" ] || [ -z "$b" ]; then
+        record e FAIL "no step times; $notes"
+    elif [ "$cmp_rc" != 0 ]; then
+        record e WARN "tokens differ between the two timed runs; $notes"
+    else
+        record e PASS "$notes"
+    fi
+}
+
+# ---- main ------------------------------------------------------------------------------------
+run_step() { # LETTER NAME
+    local letter=$1 name=$2
+    want "$letter" || return 0
+    echo
+    echo "================ $letter: $name ($(time_left) s left) ================"
+    if (($(time_left) < 20)); then
+        record "$letter" SKIP "out of time"
+    else
+        "step_$letter" 2>&1 | tee "$LOGS/$letter-$name.log"
+    fi
+    [ -f "$RESULTS/$letter" ] || record "$letter" FAIL "the step ended without a result"
+    pack
+}
+
+main() {
+    if ! preamble 2>&1 | tee "$LOGS/0-preamble.log"; then
+        echo "the build bundle is incomplete: every step needs dist/ (make dist)"
+    fi
+    run_step a device
+    run_step b evict
+    run_step c llama
+    run_step d soak
+    run_step e overhead
+    {
+        echo
+        echo "================ summary ($(elapsed "$START_S") s) ================"
+        printf '%-4s %-9s %-5s %s\n' step name result notes
+        local l r notes name
+        for l in a b c d e; do
+            want "$l" || continue
+            case $l in a) name=device ;; b) name=evict ;; c) name=llama ;; d) name=soak ;;
+                e) name=overhead ;; esac
+            if [ -f "$RESULTS/$l" ]; then
+                IFS='|' read -r _ r notes <"$RESULTS/$l"
+            else
+                r=NONE notes=""
+            fi
+            printf '%-4s %-9s %-5s %s\n' "$l" "$name" "$r" "$notes"
+        done
+    } | tee "$OUT/summary.txt"
+    pack
+    # exit status: 0 when no step failed
+    ! grep -q '|FAIL|' "$RESULTS"/* 2>/dev/null
+}
+
+main 2>&1 | tee "$OUT/run.log"
+exit "${PIPESTATUS[0]}"
