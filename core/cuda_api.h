@@ -34,7 +34,7 @@
 
 #define FS_CUDART_FUNCS(X) \
     X(cudaMalloc) X(cudaFree) X(cudaMallocPitch) X(cudaMemGetInfo) X(cudaPointerGetAttributes) \
-    X(cudaGetDevice)
+    X(cudaGetDevice) X(cudaMallocAsync)
 /* clang-format on */
 
 struct fs_cuda_api {

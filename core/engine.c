@@ -1,5 +1,6 @@
 #include "engine.h"
 
+#include <dlfcn.h>
 #include <pthread.h>
 #include <string.h>
 
@@ -36,6 +37,32 @@ static void apply_log_settings(const struct fs_config *cfg)
                  file);
 }
 
+static const char *env_value(char *const *envp, const char *name)
+{
+    size_t n = strlen(name);
+    for (; envp && *envp; envp++)
+        if (!strncmp(*envp, name, n) && (*envp)[n] == '=')
+            return *envp + n + 1;
+    return NULL;
+}
+
+/* PyTorch settings under which its memory never reaches cudaMalloc (invariant 5: say so once,
+ * with the fix). */
+static void warn_unmanageable_setup(char *const *envp)
+{
+    const char *conf = env_value(envp, "PYTORCH_CUDA_ALLOC_CONF");
+    if (!conf)
+        conf = env_value(envp, "PYTORCH_ALLOC_CONF");
+    if (!conf)
+        return;
+    if (strstr(conf, "expandable_segments:True") || strstr(conf, "expandable_segments:true"))
+        FS_WARN("PYTORCH_CUDA_ALLOC_CONF has expandable_segments:True: PyTorch then maps its own "
+                "memory (cuMemCreate) and flexshim cannot manage it; remove that option");
+    if (strstr(conf, "backend:cudaMallocAsync"))
+        FS_WARN("PYTORCH_CUDA_ALLOC_CONF selects backend:cudaMallocAsync: stream-ordered pool "
+                "memory passes through unmanaged; remove that option to use flexshim");
+}
+
 int fs_engine_init(char *const *envp)
 {
     struct fs_config_errors errs = {0};
@@ -52,6 +79,8 @@ int fs_engine_init(char *const *envp)
     }
     eng.active = fs_config_u64(&eng.cfg, FS_P_ENABLED) != 0;
     FS_INFO("flexshim loaded (%s)", eng.active ? "enabled" : "disabled by FLEXTENSOR_ENABLED=0");
+    if (eng.active)
+        warn_unmanageable_setup(envp);
     return FS_OK;
 }
 
@@ -265,10 +294,26 @@ void fs_engine_get_stats(struct fs_engine_stats *out)
     fs_launch_get_stats(&out->launch);
 }
 
+/* CUDA is in use but no allocation reached the hooks: cudart is linked statically (nvcc's
+ * default) or the program allocates with the driver API. */
+static void warn_if_nothing_seen(const struct fs_engine_stats *s)
+{
+    if (!eng.active || s->managed_allocs || s->passthrough_allocs)
+        return;
+    void *cuda = dlopen("libcuda.so.1", RTLD_LAZY | RTLD_NOLOAD);
+    if (!cuda)
+        return;
+    dlclose(cuda);
+    FS_WARN("the program used the CUDA driver but no cudaMalloc reached flexshim: it probably "
+            "links the CUDA runtime statically (nvcc's default) or allocates with the driver API; "
+            "rebuild with 'nvcc -cudart shared' so its allocations can be managed");
+}
+
 void fs_engine_shutdown(void)
 {
     struct fs_engine_stats s;
     fs_engine_get_stats(&s);
+    warn_if_nothing_seen(&s);
     FS_INFO("allocations: %llu managed (%llu bytes), %llu passed through (%llu bytes); %llu frees",
             (unsigned long long)s.managed_allocs, (unsigned long long)s.managed_bytes,
             (unsigned long long)s.passthrough_allocs, (unsigned long long)s.passthrough_bytes,

@@ -1,6 +1,7 @@
 /* The CUDA runtime's allocation entry points. */
 #include "engine.h"
 #include "hook.h"
+#include "log.h"
 
 /* The device the calling thread allocates on (the runtime's current device). */
 static int current_device(void)
@@ -66,6 +67,24 @@ FS_EXPORT cudaError_t cudaFree(void *devPtr)
     }
     int rc = fs_engine_free((uint64_t)(uintptr_t)devPtr);
     cudaError_t res = rc == FS_ERR_NOT_FOUND ? real(devPtr) : fs_to_cuda_rt(rc);
+    fs_hook_leave();
+    return res;
+}
+
+/* Stream-ordered pool allocations cannot be remapped by flexshim: passed through, counted, and
+ * said once. */
+FS_EXPORT cudaError_t cudaMallocAsync(void **devPtr, size_t size, cudaStream_t stream)
+{
+    __typeof__(&cudaMallocAsync) real = FS_CUDART(cudaMallocAsync);
+    if (!real)
+        return fs_hook_missing_real("cudaMallocAsync");
+    cudaError_t res = real(devPtr, size, stream);
+    if (res == cudaSuccess && !fs_hook_enter()) {
+        FS_LOG_ONCE(FS_LOG_WARN, "cudaMallocAsync allocations pass through unmanaged (memory "
+                    "pools cannot be remapped); for PyTorch, remove backend:cudaMallocAsync from "
+                    "PYTORCH_CUDA_ALLOC_CONF");
+        fs_engine_note_passthrough(size);
+    }
     fs_hook_leave();
     return res;
 }

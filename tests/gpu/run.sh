@@ -508,7 +508,9 @@ step_d() {
     local wb budget
     wb=$(weight_bytes)
     budget=$(((wb >> 20) / 4))
-    if (($(time_left) < 90)); then
+    local need=90
+    want e && need=190
+    if (($(time_left) < need)); then
         record d SKIP "out of time ($(time_left) s left)"
         return
     fi

@@ -70,13 +70,18 @@ run_prog "$tmp/badini" FLEXTENSOR_CONFIG="$tmp/bad.ini"
 expect "unknown INI key: line number and suggestion" "$tmp/badini" "bad.ini:3: unknown key 'gpu_memry_limit' in \[flexshim\]; did you mean 'gpu_memory_limit'\?"
 expect "unknown INI section: line number" "$tmp/badini" 'bad.ini:4: unknown section \[other\]'
 
+run_prog "$tmp/expandable" PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True
+expect "expandable_segments is named with the fix" "$tmp/expandable" 'warn: PYTORCH_CUDA_ALLOC_CONF has expandable_segments:True: .*remove that option'
+run_prog "$tmp/asyncpool" PYTORCH_CUDA_ALLOC_CONF=backend:cudaMallocAsync
+expect "cudaMallocAsync backend is named with the fix" "$tmp/asyncpool" 'warn: PYTORCH_CUDA_ALLOC_CONF selects backend:cudaMallocAsync'
+
 # 4. Log file.
 run_prog "$tmp/lf" FLEXTENSOR_LOG_LEVEL=info FLEXTENSOR_LOG_FILE="$tmp/shim.log"
 expect "log goes to FLEXTENSOR_LOG_FILE" "$tmp/shim.log" 'info: allocations: 0 managed'
 expect_not "nothing logged to stderr with a log file" "$tmp/lf" '\[flexshim'
 
 # 5. Only the intercepted CUDA names and flexshim_* are exported.
-allowed='^(cudaMalloc|cudaMallocPitch|cudaFree|cudaMemGetInfo|cudaPointerGetAttributes|cuMemGetInfo_v2|cuPointerGetAttribute|cuPointerGetAttributes|flexshim_[a-z_]+)$'
+allowed='^(cudaMalloc|cudaMallocAsync|cudaMallocPitch|cudaFree|cudaMemGetInfo|cudaPointerGetAttributes|cuMemGetInfo_v2|cuPointerGetAttribute|cuPointerGetAttributes|flexshim_[a-z_]+)$'
 nm -D --defined-only "$LIB" | awk '$2 ~ /^[TWDBRV]$/ {print $3}' | grep -v '^_' | sort >"$tmp/exports"
 grep -Evq "$allowed" "$tmp/exports" && fail "only CUDA hooks and flexshim_* exported" "extra: $(grep -Ev "$allowed" "$tmp/exports" | tr '\n' ' ')" || ok "only CUDA hooks and flexshim_* exported"
 expect "cudaMalloc is exported" "$tmp/exports" '^cudaMalloc$'
