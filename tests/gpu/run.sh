@@ -7,10 +7,9 @@
 # Needs, built on the development machine and carried along (the GPU machine has no libinih,
 # libjansson or package registry):
 #   dist/lib/libflexshim.so, dist/bin/flexshim-profile   (`make dist`)
-#   build/libflexshim_core.a   (`make`; step a builds tests/gpu/*.c against it with
-#                              tests/gpu/build.sh), or instead a prebuilt
-#                              dist/bin/gpu-tests/test_device_cuda (`tests/gpu/build.sh build
-#                              dist/bin/gpu-tests` here)
+#   dist/bin/gpu-tests/test_device_cuda                  (`make dist` runs tests/gpu/build.sh)
+#   (without that program, step a builds it here with tests/gpu/build.sh from
+#   build/libflexshim_core.a, if build/ was carried along)
 # On the GPU machine itself: nvcc (step b builds tests/gpu/prog_evict.cu), gcc, python3 with
 # torch, transformers and nvidia-ml-py.
 #
@@ -257,7 +256,9 @@ preamble() {
 step_a() {
     local t0 bin=dist/bin/gpu-tests/test_device_cuda rc
     t0=$(now)
-    if [ -f build/libflexshim_core.a ]; then
+    if [ -x "$bin" ]; then
+        echo "using $bin, built by make dist ($(date -u -r "$bin" '+%Y-%m-%d %H:%M UTC'))"
+    elif [ -f build/libflexshim_core.a ]; then
         # build.sh links -linih -ljansson; the GPU machine has neither, only the sonamed
         # copies that `make dist` put in dist/lib (just those libflexshim.so needs), so give the
         # linker unversioned names for them, and an empty linker script for one not there
@@ -275,13 +276,12 @@ step_a() {
         echo "building tests/gpu/*.c: tests/gpu/build.sh build dist/bin/gpu-tests"
         if ! CC="${CC:-gcc} -L$ld" sh tests/gpu/build.sh build dist/bin/gpu-tests 2>&1; then
             echo "build failed"
-            [ -x "$bin" ] && echo "using the prebuilt $bin"
         fi
     else
-        echo "build/libflexshim_core.a not here: using a prebuilt $bin if any"
+        echo "neither $bin (make dist) nor build/libflexshim_core.a (make) is here"
     fi
     if [ ! -x "$bin" ]; then
-        record a FAIL "no $bin: carry build/ (make) or prebuild with tests/gpu/build.sh"
+        record a FAIL "no $bin: run make dist (or carry build/ along)"
         return
     fi
     LD_LIBRARY_PATH=$ROOT/dist/lib${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH} \
@@ -418,7 +418,9 @@ step_c() {
         return
     fi
     echo "weights: $wb bytes ($((wb >> 20)) MiB); reference (no shim) max process memory:" \
-        "${ref_mem:-?} MiB ($(H jget "$WORK/llama-ref.log" mem_method))"
+        "${ref_mem:-?} MiB ($(H jget "$WORK/llama-ref.log" mem_method)), that is" \
+        "$(awk -v m="$ref_mem" -v w="$wb" 'BEGIN { if (m == "") print "?"; else printf "%.0f", m - w / 1048576 }')" \
+        "MiB beyond the weights (CUDA context, workspace, activations, allocator cache)"
     local result=PASS notes="" frac
     for frac in 2 4; do
         local name=llama-q$frac budget rc cmp_rc
@@ -457,9 +459,13 @@ step_c() {
         managed=$(kv "$WORK/$name.counters" managed)
         found=$(kv "$WORK/$name.counters" found)
         fail=$(kv "$WORK/$name.counters" failures)
+        local pt_mib
+        pt_mib=$(awk -v b="$(kv "$WORK/$name.counters" passthrough_bytes)" \
+            'BEGIN { printf "%.0f", b / 1048576 }')
         echo "MEMORY 1/$frac: budget $budget MiB, max process GPU memory ${mem:-?} MiB" \
-            "($method), overhead ${over} MiB (pass-through allocations, CUDA context," \
-            "cuBLAS workspace, shim staging)$flag; device peak (shim) $(kv "$WORK/$name.counters" device_peak)," \
+            "($method), overhead ${over} MiB over the budget (CUDA context and module code," \
+            "cuBLAS workspace, pass-through allocations: $pt_mib MiB passed through in all," \
+            "shim staging)$flag; shim: device peak $(kv "$WORK/$name.counters" device_peak)," \
             "pinned host $(kv "$WORK/$name.counters" pinned_host)"
         echo "TIME 1/$frac: $(H jget "$WORK/$name.log" decode_ms_per_step) ms/decode step," \
             "reference $(H jget "$WORK/llama-ref.log" decode_ms_per_step) ms"
