@@ -263,6 +263,9 @@ def cmd_run(args):
         decode_s = time.perf_counter() - t_dec
         tokens = [int(t) for t in torch.cat(tok_list, dim=1).flatten().cpu().tolist()]
         decode_logit_sums = [float(x) for x in torch.stack(lsums).cpu().tolist()] if lsums else []
+        # The weights again: an eviction or fault-in that lost data would show here.
+        wsum_end = torch.stack([p.detach().float().sum() for p in params])
+        weight_checksum_end = float(wsum_end.double().sum().item())
 
     sampler.stop()
     max_mem, method = sampler.best()
@@ -283,6 +286,7 @@ def cmd_run(args):
         "max_mem_device_delta": sampler.max_device,
         "weight_bytes": weight_bytes,
         "weight_checksum": weight_checksum,
+        "weight_checksum_end": weight_checksum_end,
         "steps": args.steps,
         "seed": args.seed,
         "layers": args.layers,
@@ -297,6 +301,7 @@ def cmd_run(args):
         "weight_bytes": weight_bytes,
         "weight_mib": round(weight_bytes / MiB, 1),
         "weight_checksum": weight_checksum,
+        "weight_checksum_end": weight_checksum_end,
         "max_process_mem": max_mem,
         "max_process_mem_mib": None if max_mem is None else round(max_mem / MiB, 1),
         "mem_method": method,
@@ -339,6 +344,11 @@ def cmd_compare(args):
     name_a, name_b = os.path.basename(args.a), os.path.basename(args.b)
     print(f"compare {name_a} vs {name_b}")
 
+    for name, r in (("A", a), ("B", b)):
+        if r.get("weight_checksum_end") not in (None, r.get("weight_checksum")):
+            print(f"  FAIL weights of {name} changed during its run: "
+                  f"{r.get('weight_checksum')!r} -> {r.get('weight_checksum_end')!r}")
+            ok = False
     if a.get("weight_checksum") != b.get("weight_checksum"):
         print(f"  NOTE weight checksums differ: {a.get('weight_checksum')!r} vs "
               f"{b.get('weight_checksum')!r} (the models are not the same: seed/init?)")
