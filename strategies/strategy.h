@@ -1,0 +1,40 @@
+/* Strategies: pure planning code. A strategy reads a profile (one iteration's launches, their
+ * durations and references, the allocations, the link model) and a budget, and writes a plan:
+ * which allocations stay resident and, for each offloaded one, where its prefetch starts and
+ * after which launch it may be evicted. No CUDA calls, no globals: every function here runs on a
+ * machine without a GPU and is tested on synthetic profiles.
+ *
+ * Adding a strategy is one file (strategies/<name>.c defining a const struct fs_strategy) and one
+ * line in the table in strategies/strategy.c. */
+#ifndef FS_STRATEGY_H
+#define FS_STRATEGY_H
+
+#include "profile.h"
+
+struct fs_strategy {
+    const char *name;
+    const char *summary;
+    /* Fill OUT (entries allocated by the strategy, freed with fs_plan_free) for BUDGET bytes.
+     * Returns FS_OK, or FS_ERR_NOMEM when even the allocations one launch needs together exceed
+     * the budget (no plan can keep them all on the device; the engine then runs such launches
+     * from host memory), FS_ERR_INVALID for a malformed profile. */
+    int (*plan)(const struct fs_profile *p, uint64_t budget, struct fs_plan *out);
+};
+
+/* The strategies by name ("adaptive" first: the default). NULL-terminated. */
+extern const struct fs_strategy *const fs_strategies[];
+const struct fs_strategy *fs_strategy_find(const char *name);
+
+/* The timeline model every strategy and `flexshim-profile simulate` share: compute runs the
+ * launches in order (each waits for the prefetches of the offloaded allocations it references);
+ * prefetches run in order on one host-to-device link, each starting no earlier than its issue
+ * point and than the moment the device memory it needs is free (evictions after the planned
+ * launches complete). Writes predicted_us, predicted_stall_us and peak_bytes into PLAN.
+ * Returns FS_ERR_INVALID if the plan does not cover every use or exceeds its budget at some
+ * launch. */
+int fs_plan_evaluate(const struct fs_profile *p, struct fs_plan *plan);
+
+/* Transfer time in microseconds of BYTES host-to-device under the profile's link model. */
+double fs_bw_h2d_us(const struct fs_bw_model *bw, uint64_t bytes);
+
+#endif
