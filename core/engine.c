@@ -37,6 +37,21 @@ static void apply_log_settings(const struct fs_config *cfg)
                  file);
 }
 
+/* Settings whose phase (discovery, profiling, planning, timing report) this version does not run
+ * yet: a user who sets one is told, rather than left to guess why nothing happened. */
+static void warn_inactive_settings(const struct fs_config *cfg)
+{
+    static const enum fs_param_id later[] = {FS_P_STRATEGY,        FS_P_PROFILE,
+                                             FS_P_PROFILE_OUT,     FS_P_DISCOVERY_ITERS,
+                                             FS_P_PROFILING_ITERS, FS_P_TIMING_REPORT};
+    for (size_t i = 0; i < FS_ARRAY_LEN(later); i++)
+        if (cfg->v[later[i]].src != FS_SRC_DEFAULT)
+            FS_WARN("%s is set but has no effect in this version: allocations are managed "
+                    "reactively (least recently used eviction, fault-in before launches); "
+                    "planning and profiles are not implemented yet",
+                    fs_param_defs[later[i]].env_name);
+}
+
 static const char *env_value(char *const *envp, const char *name)
 {
     size_t n = strlen(name);
@@ -79,8 +94,10 @@ int fs_engine_init(char *const *envp)
     }
     eng.active = fs_config_u64(&eng.cfg, FS_P_ENABLED) != 0;
     FS_INFO("flexshim loaded (%s)", eng.active ? "enabled" : "disabled by FLEXTENSOR_ENABLED=0");
-    if (eng.active)
+    if (eng.active) {
         warn_unmanageable_setup(envp);
+        warn_inactive_settings(&eng.cfg);
+    }
     return FS_OK;
 }
 

@@ -75,6 +75,9 @@ expect "expandable_segments is named with the fix" "$tmp/expandable" 'warn: PYTO
 run_prog "$tmp/asyncpool" PYTORCH_CUDA_ALLOC_CONF=backend:cudaMallocAsync
 expect "cudaMallocAsync backend is named with the fix" "$tmp/asyncpool" 'warn: PYTORCH_CUDA_ALLOC_CONF selects backend:cudaMallocAsync'
 
+run_prog "$tmp/later" FLEXTENSOR_PROFILE_OUT=/tmp/x.json
+expect "a setting of a phase not implemented yet says so" "$tmp/later" 'warn: FLEXTENSOR_PROFILE_OUT is set but has no effect in this version'
+
 # 4. Log file.
 run_prog "$tmp/lf" FLEXTENSOR_LOG_LEVEL=info FLEXTENSOR_LOG_FILE="$tmp/shim.log"
 expect "log goes to FLEXTENSOR_LOG_FILE" "$tmp/shim.log" 'info: allocations: 0 managed'
