@@ -31,8 +31,9 @@ void fs_log_set_fd(int fd)
 
 int fs_log_set_file(const char *path)
 {
-    if (!path || !*path) {
-        fs_log_close();
+    if (!path || !*path) { /* back to stderr if a file was open; an fd set by the caller stays */
+        if (log_owned_fd >= 0)
+            fs_log_close();
         return FS_OK;
     }
     int fd = open(path, O_WRONLY | O_CREAT | O_APPEND | O_CLOEXEC, 0644);

@@ -362,7 +362,10 @@ static struct fs_alloc *pick_victim(struct fs_residency *res, struct fs_alloc *c
 static int make_room(struct fs_residency *res, uint64_t need, struct fs_alloc *const *keep,
                      int nkeep, bool *grow)
 {
-    for (int attempts = 0; attempts < 1 + res->nallocs; attempts++) {
+    if (need > res->budget)
+        return FS_ERR_NOMEM; /* evicting others would not help */
+    /* Each round returns, releases a cached block or evicts one allocation: bounded. */
+    for (int round = 0; round < 4 * res->nallocs + 8; round++) {
         uint64_t held = fs_phys_pool_held(&res->dev_pool);
         if (fs_phys_pool_has(&res->dev_pool, need)) {
             *grow = false;

@@ -1,0 +1,196 @@
+/* The engine's entry points (what the hooks call) on the simulated device. */
+#include "device_sim.h"
+#include "engine.h"
+#include "test_util.h"
+
+#define MIB (1024ull * 1024ull)
+
+static struct fs_device *open_sim(void)
+{
+    struct fs_sim_config cfg = {.device_bytes = 2048 * MIB, .host_phys_supported = true};
+    struct fs_device *dev;
+    assert_int_equal(fs_sim_open(&cfg, &dev), FS_OK);
+    return dev;
+}
+
+static void start(struct fs_device *dev, char **envp)
+{
+    fs_engine_teardown();
+    fs_engine_use_device(dev);
+    assert_int_equal(fs_engine_init(envp), FS_OK);
+}
+
+static void stop(struct fs_device *dev)
+{
+    fs_engine_teardown();
+    struct fs_sim_stats st;
+    fs_sim_get_stats(dev, &st);
+    assert_int_equal(st.live_phys, 0);
+    dev->ops->close(dev);
+}
+
+static void test_small_allocations_pass_through(void **state)
+{
+    (void)state;
+    struct fs_device *dev = open_sim();
+    char *envp[] = {"FLEXTENSOR_CONFIG=", "FLEXTENSOR_MIN_OFFLOAD_BYTES=8MiB", NULL};
+    start(dev, envp);
+    uint64_t p;
+    assert_int_equal(fs_engine_alloc(4 * MIB, 0, &p), FS_ERR_UNSUPPORTED);
+    fs_engine_note_passthrough(4 * MIB);
+    assert_int_equal(fs_engine_alloc(8 * MIB, 0, &p), FS_OK);
+    int ordinal = -1;
+    assert_true(fs_engine_owns(p + 100, &ordinal));
+    assert_int_equal(ordinal, 0);
+    assert_false(fs_engine_owns(0x1000, &ordinal));
+    struct fs_engine_stats s;
+    fs_engine_get_stats(&s);
+    assert_int_equal(s.managed_allocs, 1);
+    assert_int_equal(s.passthrough_allocs, 1);
+    assert_int_equal(s.passthrough_bytes, 4 * MIB);
+    assert_int_equal(fs_engine_free(p), FS_OK);
+    assert_int_equal(fs_engine_free(p), FS_ERR_NOT_FOUND); /* the hook passes it to CUDA */
+    stop(dev);
+}
+
+static void test_mem_info_reports_the_budget(void **state)
+{
+    (void)state;
+    struct fs_device *dev = open_sim();
+    char *envp[] = {"FLEXTENSOR_CONFIG=", "FLEXTENSOR_GPU_MEMORY_LIMIT=256MiB", NULL};
+    start(dev, envp);
+    uint64_t f, t, p;
+    assert_int_equal(fs_engine_mem_info(&f, &t), FS_OK);
+    assert_int_equal(t, 256 * MIB);
+    assert_int_equal(f, 256 * MIB);
+    assert_int_equal(fs_engine_alloc(100 * MIB, 0, &p), FS_OK);
+    assert_int_equal(fs_engine_mem_info(&f, &t), FS_OK);
+    assert_int_equal(f, 156 * MIB);
+    /* Beyond the budget it still succeeds; free never goes below zero. */
+    uint64_t q, r;
+    assert_int_equal(fs_engine_alloc(200 * MIB, 0, &q), FS_OK);
+    assert_int_equal(fs_engine_alloc(300 * MIB, 0, &r), FS_OK);
+    assert_int_equal(fs_engine_mem_info(&f, &t), FS_OK);
+    /* The 300 MiB one can never fit: it starts on host without evicting the 200 MiB one. */
+    assert_int_equal(f, 56 * MIB);
+    struct fs_engine_stats es;
+    fs_engine_get_stats(&es);
+    assert_int_equal(es.res.placed_on_host, 1);
+    assert_int_equal(es.res.evictions, 1);
+    stop(dev);
+}
+
+static void test_mem_info_device_view_passes_through(void **state)
+{
+    (void)state;
+    struct fs_device *dev = open_sim();
+    char *envp[] = {"FLEXTENSOR_CONFIG=", "FLEXTENSOR_MEMINFO_VIEW=device", NULL};
+    start(dev, envp);
+    uint64_t f, t;
+    assert_int_equal(fs_engine_mem_info(&f, &t), FS_ERR_UNSUPPORTED);
+    stop(dev);
+}
+
+static void test_percentage_budget(void **state)
+{
+    (void)state;
+    struct fs_device *dev = open_sim();
+    char *envp[] = {"FLEXTENSOR_CONFIG=", "FLEXTENSOR_GPU_MEMORY_LIMIT=25%", NULL};
+    start(dev, envp);
+    uint64_t f, t;
+    assert_int_equal(fs_engine_mem_info(&f, &t), FS_OK);
+    assert_int_equal(t, 512 * MIB); /* 25% of the 2 GiB simulated device */
+    stop(dev);
+}
+
+static void test_other_device_passes_through_and_says_so(void **state)
+{
+    (void)state;
+    struct fs_device *dev = open_sim();
+    char *envp[] = {"FLEXTENSOR_CONFIG=", NULL};
+    start(dev, envp);
+    struct fs_test_capture cap;
+    fs_test_capture_start(&cap);
+    uint64_t p;
+    assert_int_equal(fs_engine_alloc(64 * MIB, 1, &p), FS_ERR_UNSUPPORTED);
+    assert_int_equal(fs_engine_alloc(64 * MIB, 1, &p), FS_ERR_UNSUPPORTED);
+    const char *log = fs_test_capture_end(&cap);
+    const char *first = strstr(log, "allocations on device 1 pass through unmanaged");
+    assert_non_null(first);
+    assert_null(strstr(first + 1, "allocations on device 1")); /* once */
+    stop(dev);
+}
+
+static void test_disabled_and_misconfigured_engine_manages_nothing(void **state)
+{
+    (void)state;
+    struct fs_device *dev = open_sim();
+    char *off[] = {"FLEXTENSOR_CONFIG=", "FLEXTENSOR_ENABLED=0", NULL};
+    start(dev, off);
+    uint64_t p;
+    assert_false(fs_engine_active());
+    assert_int_equal(fs_engine_alloc(64 * MIB, 0, &p), FS_ERR_UNSUPPORTED);
+    fs_engine_teardown();
+    fs_engine_use_device(dev);
+    char *bad[] = {"FLEXTENSOR_CONFIG=", "FLEXTENSOR_GPU_MEMORY_LIMT=1GiB", NULL};
+    struct fs_test_capture cap;
+    fs_test_capture_start(&cap);
+    assert_int_equal(fs_engine_init(bad), FS_ERR_CONFIG);
+    const char *log = fs_test_capture_end(&cap);
+    assert_non_null(strstr(log, "did you mean FLEXTENSOR_GPU_MEMORY_LIMIT?"));
+    assert_non_null(strstr(log, "the program runs unmanaged"));
+    assert_false(fs_engine_active());
+    assert_int_equal(fs_engine_alloc(64 * MIB, 0, &p), FS_ERR_UNSUPPORTED);
+    stop(dev);
+}
+
+static int refuse_tracking(void)
+{
+    return FS_ERR_UNSUPPORTED;
+}
+
+static void test_no_launch_tracking_means_unmanaged(void **state)
+{
+    (void)state;
+    struct fs_device *dev = open_sim();
+    char *envp[] = {"FLEXTENSOR_CONFIG=", NULL};
+    start(dev, envp);
+    fs_engine_set_tracker(refuse_tracking);
+    uint64_t p;
+    assert_int_equal(fs_engine_alloc(64 * MIB, 0, &p), FS_ERR_UNSUPPORTED);
+    assert_false(fs_engine_active());
+    stop(dev);
+}
+
+static void test_allocation_failure_falls_back(void **state)
+{
+    (void)state;
+    struct fs_device *dev = open_sim();
+    char *envp[] = {"FLEXTENSOR_CONFIG=", "FLEXTENSOR_LOG_LEVEL=error", NULL};
+    start(dev, envp);
+    uint64_t p;
+    assert_int_equal(fs_engine_alloc(64 * MIB, 0, &p), FS_OK); /* started */
+    fs_sim_fail_nth(dev, FS_SIM_OP_VA_RESERVE, 0, 0);
+    fs_sim_fail_nth(dev, FS_SIM_OP_MAP, 1, FS_ERR_DEVICE);
+    fs_sim_fail_nth(dev, FS_SIM_OP_PHYS_CREATE, 2, FS_ERR_DEVICE);
+    /* Every internal failure ends in pass-through (the hook then calls CUDA), never an error. */
+    uint64_t q;
+    int rc = fs_engine_alloc(64 * MIB, 0, &q);
+    assert_true(rc == FS_OK || rc == FS_ERR_UNSUPPORTED);
+    stop(dev);
+}
+
+int main(void)
+{
+    const struct CMUnitTest tests[] = {
+        cmocka_unit_test(test_small_allocations_pass_through),
+        cmocka_unit_test(test_mem_info_reports_the_budget),
+        cmocka_unit_test(test_mem_info_device_view_passes_through),
+        cmocka_unit_test(test_percentage_budget),
+        cmocka_unit_test(test_other_device_passes_through_and_says_so),
+        cmocka_unit_test(test_disabled_and_misconfigured_engine_manages_nothing),
+        cmocka_unit_test(test_no_launch_tracking_means_unmanaged),
+        cmocka_unit_test(test_allocation_failure_falls_back),
+    };
+    return cmocka_run_group_tests(tests, NULL, NULL);
+}
