@@ -1,0 +1,30 @@
+/* Releasing profiles and plans. (Saving and loading live in core/profile_io.c.) */
+#include <stdlib.h>
+#include <string.h>
+
+#include "profile.h"
+
+void fs_plan_free(struct fs_plan *plan)
+{
+    if (!plan)
+        return;
+    free(plan->entries);
+    memset(plan, 0, sizeof(*plan));
+}
+
+void fs_profile_free(struct fs_profile *p)
+{
+    if (!p)
+        return;
+    if (p->kernel_names) {
+        for (int i = 0; i < p->nlaunches; i++)
+            free(p->kernel_names[i]);
+        free(p->kernel_names);
+    }
+    free(p->allocs);
+    free(p->launches);
+    free(p->refs);
+    free(p->bw.points);
+    fs_plan_free(&p->plan);
+    memset(p, 0, sizeof(*p));
+}
