@@ -15,6 +15,7 @@ struct fs_strategy {
     const char *name;
     const char *summary;
     /* Fill OUT (entries allocated by the strategy, freed with fs_plan_free) for BUDGET bytes.
+     * (OUT's previous content is overwritten, not freed; on any failure OUT is left empty.)
      * Returns FS_OK, or FS_ERR_NOMEM when even the allocations one launch needs together exceed
      * the budget (no plan can keep them all on the device; the engine then runs such launches
      * from host memory), FS_ERR_INVALID for a malformed profile. */
@@ -36,5 +37,14 @@ int fs_plan_evaluate(const struct fs_profile *p, struct fs_plan *plan);
 
 /* Transfer time in microseconds of BYTES host-to-device under the profile's link model. */
 double fs_bw_h2d_us(const struct fs_bw_model *bw, uint64_t bytes);
+/* The same for device-to-host (write-back of an evicted allocation). A model with no fitted
+ * bandwidth (bytes_per_us 0) uses the measured PCIe Gen5 figures: 55000 bytes/us, 10 us. */
+double fs_bw_d2h_us(const struct fs_bw_model *bw, uint64_t bytes);
+
+/* The strategies of the table, for callers that want one directly (tests, `global`). */
+extern const struct fs_strategy fs_strategy_adaptive;
+extern const struct fs_strategy fs_strategy_knapsack;
+extern const struct fs_strategy fs_strategy_greedy;
+extern const struct fs_strategy fs_strategy_global;
 
 #endif

@@ -1,0 +1,59 @@
+/* adaptive (the default): runs knapsack, greedy and global and keeps the plan with the least
+ * predicted time (ties: fewer offloaded bytes, then that order). Global's local search starts
+ * from the better of the knapsack and greedy plans already made, exactly as the global strategy
+ * would, so nothing is computed twice. The plan is named "adaptive(<winner>)". */
+#include <stdio.h>
+#include <string.h>
+
+#include "fs.h"
+#include "schedule.h"
+
+enum { AD_KNAPSACK, AD_GREEDY, AD_GLOBAL, AD_N };
+
+static bool better(const struct fs_profile *p, const struct fs_plan *a, const struct fs_plan *b)
+{
+    if (a->predicted_us != b->predicted_us)
+        return a->predicted_us < b->predicted_us;
+    return fs_plan_offloaded_bytes(p, a) < fs_plan_offloaded_bytes(p, b);
+}
+
+static int adaptive_plan(const struct fs_profile *p, uint64_t budget, struct fs_plan *out)
+{
+    static const char *const names[AD_N] = {"knapsack", "greedy", "global"};
+    struct fs_plan c[AD_N];
+    int rc = fs_profile_check(p);
+    if (!out)
+        return FS_ERR_INVALID;
+    memset(out, 0, sizeof(*out)); /* empty whatever happens */
+    if (rc != FS_OK)
+        return FS_ERR_INVALID;
+    memset(c, 0, sizeof(c));
+    rc = fs_strategy_knapsack.plan(p, budget, &c[AD_KNAPSACK]);
+    if (rc != FS_OK)
+        goto out;
+    rc = fs_strategy_greedy.plan(p, budget, &c[AD_GREEDY]);
+    if (rc != FS_OK)
+        goto out;
+    const struct fs_plan *start = better(p, &c[AD_GREEDY], &c[AD_KNAPSACK]) ? &c[AD_GREEDY]
+                                                                           : &c[AD_KNAPSACK];
+    rc = fs_global_improve(p, budget, start, &c[AD_GLOBAL]);
+    if (rc != FS_OK)
+        goto out;
+    int win = 0;
+    for (int i = 1; i < AD_N; i++)
+        if (better(p, &c[i], &c[win]))
+            win = i;
+    *out = c[win];
+    c[win].entries = NULL;
+    snprintf(out->strategy, sizeof(out->strategy), "adaptive(%s)", names[win]);
+out:
+    for (int i = 0; i < AD_N; i++)
+        fs_plan_free(&c[i]);
+    return rc;
+}
+
+const struct fs_strategy fs_strategy_adaptive = {
+    .name = "adaptive",
+    .summary = "the best of knapsack, greedy and global by predicted time (default)",
+    .plan = adaptive_plan,
+};

@@ -1,0 +1,313 @@
+/* The window scheduler shared by the strategies: a resident set in, a plan's windows out (see
+ * schedule.h), plus small plan helpers. Bytes held per launch live in a segment tree (range add,
+ * range max, "last launch in a range above a threshold"), so scheduling A allocations over N
+ * launches costs O(N + A log^2 N): log N rounds of tree operations. */
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "fs.h"
+#include "schedule.h"
+
+int fs_plan_begin(struct fs_plan *out, const char *name, uint64_t budget, int nallocs)
+{
+    if (!out || nallocs < 0)
+        return FS_ERR_INVALID;
+    memset(out, 0, sizeof(*out));
+    snprintf(out->strategy, sizeof(out->strategy), "%s", name ? name : "");
+    out->budget = budget;
+    out->nallocs = nallocs;
+    out->entries = calloc((size_t)nallocs + 1, sizeof(*out->entries));
+    if (!out->entries) {
+        memset(out, 0, sizeof(*out));
+        return FS_ERR_NOMEM;
+    }
+    return FS_OK;
+}
+
+int fs_plan_copy(struct fs_plan *dst, const struct fs_plan *src)
+{
+    struct fs_plan tmp = *src;
+    tmp.entries = calloc((size_t)src->nallocs + 1, sizeof(*tmp.entries));
+    if (!tmp.entries)
+        return FS_ERR_NOMEM;
+    if (src->nallocs > 0)
+        memcpy(tmp.entries, src->entries, (size_t)src->nallocs * sizeof(*tmp.entries));
+    *dst = tmp;
+    return FS_OK;
+}
+
+/* ---- segment tree over launches: bytes held by offloaded windows --------------------------- */
+
+struct segtree {
+    int n;
+    int64_t *mx; /* max of the node's range, its pending add included */
+    int64_t *lz; /* add still to be pushed to the children */
+};
+
+static void seg_build(struct segtree *st, const int64_t *v, int node, int l, int r)
+{
+    st->lz[node] = 0;
+    if (l == r) {
+        st->mx[node] = v[l];
+        return;
+    }
+    int mid = l + (r - l) / 2;
+    seg_build(st, v, 2 * node, l, mid);
+    seg_build(st, v, 2 * node + 1, mid + 1, r);
+    st->mx[node] = st->mx[2 * node] > st->mx[2 * node + 1] ? st->mx[2 * node] : st->mx[2 * node + 1];
+}
+
+static void seg_push(struct segtree *st, int node)
+{
+    int64_t z = st->lz[node];
+    if (z) {
+        for (int c = 2 * node; c <= 2 * node + 1; c++) {
+            st->mx[c] += z;
+            st->lz[c] += z;
+        }
+        st->lz[node] = 0;
+    }
+}
+
+static void seg_add(struct segtree *st, int node, int l, int r, int lo, int hi, int64_t v)
+{
+    if (hi < l || r < lo)
+        return;
+    if (lo <= l && r <= hi) {
+        st->mx[node] += v;
+        st->lz[node] += v;
+        return;
+    }
+    seg_push(st, node);
+    int mid = l + (r - l) / 2;
+    seg_add(st, 2 * node, l, mid, lo, hi, v);
+    seg_add(st, 2 * node + 1, mid + 1, r, lo, hi, v);
+    st->mx[node] = st->mx[2 * node] > st->mx[2 * node + 1] ? st->mx[2 * node] : st->mx[2 * node + 1];
+}
+
+/* The last index in [lo, hi] whose value exceeds THR, or -1. */
+static int seg_last_above(struct segtree *st, int node, int l, int r, int lo, int hi, int64_t thr)
+{
+    if (hi < l || r < lo || st->mx[node] <= thr)
+        return -1;
+    if (l == r)
+        return l;
+    seg_push(st, node);
+    int mid = l + (r - l) / 2;
+    int j = seg_last_above(st, 2 * node + 1, mid + 1, r, lo, hi, thr);
+    if (j >= 0)
+        return j;
+    return seg_last_above(st, 2 * node, l, mid, lo, hi, thr);
+}
+
+static void range_add(struct segtree *st, int lo, int hi, int64_t v)
+{
+    if (lo <= hi)
+        seg_add(st, 1, 0, st->n - 1, lo, hi, v);
+}
+
+static int last_above(struct segtree *st, int lo, int hi, int64_t thr)
+{
+    if (lo > hi)
+        return -1;
+    return seg_last_above(st, 1, 0, st->n - 1, lo, hi, thr);
+}
+
+/* Cyclic ranges: X in [lo, hi] with -n <= lo, hi < n names launch X mod n; the part >= 0 comes
+ * later in the cycle than the part < 0 (which lies in the previous iteration). */
+
+/* The largest X in [lo, hi] whose launch holds more than THR, or INT_MIN. */
+static int cyc_last_above(struct segtree *st, int lo, int hi, int64_t thr)
+{
+    int j = last_above(st, lo < 0 ? 0 : lo, hi, thr);
+    if (j >= 0)
+        return j;
+    j = last_above(st, lo + st->n, (hi < -1 ? hi : -1) + st->n, thr);
+    return j >= 0 ? j - st->n : INT_MIN;
+}
+
+static void cyc_add(struct segtree *st, int lo, int hi, int64_t v)
+{
+    range_add(st, lo < 0 ? 0 : lo, hi, v);
+    range_add(st, lo + st->n, (hi < -1 ? hi : -1) + st->n, v);
+}
+
+/* ---- the scheduler ------------------------------------------------------------------------ */
+
+/* Per-launch bytes of the offloaded allocations' use ranges into HELD (n), resident bytes into
+ * *RES. Returns resident + the most held. */
+static uint64_t core_bytes(const struct fs_profile *p, const bool *resident, int64_t *held,
+                           uint64_t *res)
+{
+    const int n = p->nlaunches;
+    uint64_t r = 0;
+    for (int i = 0; i < n; i++)
+        held[i] = 0;
+    for (int a = 0; a < p->nallocs; a++) {
+        const struct fs_prof_alloc *al = &p->allocs[a];
+        if (resident[a]) {
+            r += al->mapped;
+        } else if (al->first_use >= 0) {
+            held[al->first_use] += (int64_t)al->mapped;
+            if (al->last_use + 1 < n)
+                held[al->last_use + 1] -= (int64_t)al->mapped;
+        }
+    }
+    int64_t run = 0, most = 0;
+    for (int i = 0; i < n; i++) {
+        run += held[i];
+        held[i] = run;
+        if (run > most)
+            most = run;
+    }
+    *res = r;
+    return r + (uint64_t)most;
+}
+
+uint64_t fs_schedule_need(const struct fs_profile *p, const bool *resident)
+{
+    uint64_t res = 0, need = 0;
+    int64_t *held = calloc((size_t)p->nlaunches + 1, sizeof(*held));
+    if (!held)
+        return UINT64_MAX;
+    need = core_bytes(p, resident, held, &res);
+    free(held);
+    return need;
+}
+
+int fs_schedule(const struct fs_profile *p, uint64_t budget, const bool *resident, int lookahead,
+                struct fs_plan_entry *entries, uint64_t *need_out)
+{
+    if (!p || !resident || !entries || p->nlaunches < 0 || p->nallocs < 0 ||
+        (p->nallocs > 0 && !p->allocs))
+        return FS_ERR_INVALID;
+    const int n = p->nlaunches, na = p->nallocs;
+    int rc = FS_OK;
+    int64_t *held = NULL;
+    int *order = NULL, *count = NULL, *ext = NULL;
+    struct segtree st = {0};
+    uint64_t res = 0;
+
+    if (lookahead < 0)
+        lookahead = 0;
+    held = calloc((size_t)n + 1, sizeof(*held));
+    order = calloc((size_t)na + 1, sizeof(*order));
+    count = calloc((size_t)n + 1, sizeof(*count));
+    ext = calloc((size_t)na + 1, sizeof(*ext));
+    if (!held || !order || !count || !ext) {
+        rc = FS_ERR_NOMEM;
+        goto out;
+    }
+    for (int a = 0; a < na; a++) {
+        const struct fs_prof_alloc *al = &p->allocs[a];
+        if (al->first_use < -1 || al->last_use < al->first_use || al->last_use >= n ||
+            (al->first_use == -1) != (al->last_use == -1)) {
+            rc = FS_ERR_INVALID;
+            goto out;
+        }
+    }
+    uint64_t need = core_bytes(p, resident, held, &res);
+    if (need_out)
+        *need_out = need;
+    if (need > budget) {
+        rc = FS_ERR_NOMEM;
+        goto out;
+    }
+
+    /* Offloaded used allocations in order of first use, then index (counting sort). */
+    int nord = 0;
+    for (int a = 0; a < na; a++) {
+        struct fs_plan_entry *e = &entries[a];
+        e->resident = resident[a];
+        e->prefetch_at = -1;
+        e->evict_after = -1;
+        if (!resident[a] && p->allocs[a].first_use >= 0) {
+            count[p->allocs[a].first_use + 1]++;
+            nord++;
+        }
+    }
+    if (nord == 0)
+        goto out;
+    for (int i = 0; i < n; i++)
+        count[i + 1] += count[i];
+    for (int a = 0; a < na; a++)
+        if (!resident[a] && p->allocs[a].first_use >= 0)
+            order[count[p->allocs[a].first_use]++] = a;
+
+    st.n = n;
+    st.mx = calloc(4 * (size_t)n, sizeof(*st.mx));
+    st.lz = calloc(4 * (size_t)n, sizeof(*st.lz));
+    if (!st.mx || !st.lz) {
+        rc = FS_ERR_NOMEM;
+        goto out;
+    }
+    seg_build(&st, held, 1, 0, n - 1);
+
+    /* Room left for offloaded windows at any launch; budget may be "unlimited". */
+    uint64_t room_u = budget - res;
+    int64_t room = room_u > (uint64_t)INT64_MAX ? INT64_MAX : (int64_t)room_u;
+    /* Windows grow in rounds, to 1, 2, 4, ... launches before their first use, so the room is
+     * shared rather than taken by whichever comes first. A window that meets a launch without
+     * room for it stops for good: windows only grow, room only shrinks. ext[k] is how far
+     * order[k]'s window reaches back, -1 once it has stopped. */
+    int active = nord;
+    for (int k = 0; k < nord; k++)
+        ext[k] = 0;
+    for (int reach = 1; active > 0; reach = reach > INT_MAX / 2 ? INT_MAX : 2 * reach) {
+        for (int k = 0; k < nord; k++) {
+            if (ext[k] < 0)
+                continue;
+            int a = order[k], d = ext[k];
+            const struct fs_prof_alloc *al = &p->allocs[a];
+            const int f = al->first_use;
+            const int64_t m = (int64_t)al->mapped;
+            int dmax = n - (al->last_use - f + 1); /* never over its own previous last use */
+            if (dmax > lookahead)
+                dmax = lookahead;
+            int target = reach < dmax ? reach : dmax;
+            int nd = target;
+            if (d < target) {
+                /* launches f-d-1 down to f-target: the nearest without room stops it */
+                int j = cyc_last_above(&st, f - target, f - d - 1, room - m);
+                if (j != INT_MIN)
+                    nd = f - 1 - j;
+                cyc_add(&st, f - nd, f - d - 1, m);
+            }
+            if (nd < target || nd == dmax) {
+                entries[a].prefetch_at = ((f - nd) % n + n) % n;
+                entries[a].evict_after = al->last_use;
+                ext[k] = -1;
+                active--;
+            } else {
+                ext[k] = nd;
+            }
+        }
+    }
+out:
+    free(held);
+    free(order);
+    free(count);
+    free(ext);
+    free(st.mx);
+    free(st.lz);
+    return rc;
+}
+
+int fs_schedule_plan(const struct fs_profile *p, const bool *resident, int lookahead,
+                     struct fs_plan *plan, uint64_t *need)
+{
+    int rc = fs_schedule(p, plan->budget, resident, lookahead, plan->entries, need);
+    if (rc != FS_OK)
+        return rc;
+    return fs_plan_evaluate(p, plan);
+}
+
+uint64_t fs_plan_offloaded_bytes(const struct fs_profile *p, const struct fs_plan *plan)
+{
+    uint64_t b = 0;
+    for (int a = 0; a < p->nallocs && a < plan->nallocs; a++)
+        if (!plan->entries[a].resident && p->allocs[a].first_use >= 0)
+            b += p->allocs[a].mapped;
+    return b;
+}

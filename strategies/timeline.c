@@ -1,0 +1,268 @@
+/* The timeline model: what a plan costs in device memory and in time. Shared by every strategy
+ * and by `flexshim-profile simulate`.
+ *
+ * What a plan means
+ * -----------------
+ * One iteration is the launches 0 .. N-1 of the profile; it repeats. A resident allocation holds
+ * its `mapped` bytes on the device all the time. An offloaded allocation that some launch uses
+ * holds them during its window, the cyclic launch interval [prefetch_at, evict_after]:
+ *   - prefetch_at <= evict_after: launches prefetch_at .. evict_after;
+ *   - prefetch_at >  evict_after: it wraps, prefetch_at .. N-1 and then 0 .. evict_after of the
+ *     next iteration (the prefetch is issued in the previous iteration).
+ * The window must contain the use range [first_use, last_use] as one piece (so every launch that
+ * references the allocation finds it on the device). A window has 1 .. N launches; one of N
+ * launches evicts after evict_after and prefetches again before the next launch. An offloaded
+ * allocation no launch uses (first_use == -1) has prefetch_at = evict_after = -1 and holds
+ * nothing. `resident` entries ignore prefetch_at and evict_after.
+ *
+ * Memory: the bytes held during launch i are the resident bytes plus the offloaded allocations
+ * whose window contains i; peak_bytes is their maximum over i (the resident bytes when N = 0).
+ * The plan is invalid (FS_ERR_INVALID) if peak_bytes > budget, if a window does not contain its
+ * use range, if an index is out of range, or if the profile itself is malformed.
+ *
+ * Time: the model simulates two consecutive iterations on three resources, each FIFO:
+ *   compute: launch i starts at max(end of launch i-1, ready time of every offloaded allocation
+ *            it references) and takes duration_us. Streams are not modelled: launches run one
+ *            after another in queue order.
+ *   H2D link (prefetches): the prefetch of a window starting at p is issued when launch p is
+ *            about to be queued: at the end of launch p-1 (for p = 0, the end of the previous
+ *            iteration's last launch: the iteration start). It starts at
+ *                max(issue time, H2D link free, D2H link free at the issue time)
+ *            i.e. after every write-back queued so far (all evictions after launches up to p-1,
+ *            in this iteration or, wrapping, the previous one) has ended: their memory is what it
+ *            moves into. It takes fs_bw_h2d_us(mapped); its end is the allocation's ready time.
+ *            Prefetches issued at the same launch queue in order of their next use (cyclic
+ *            distance from p to first_use), then allocation index.
+ *   D2H link (write-backs): when launch evict_after ends, the allocation is copied back to the
+ *            host: it starts at max(that end, D2H link free), takes fs_bw_d2h_us(mapped), and its
+ *            device memory is free when it ends. Write-backs after the same launch queue in
+ *            allocation order. Every eviction writes back (the model knows nothing of unchanged
+ *            data).
+ * Because a prefetch waits for every earlier write-back, the bytes physically held at any moment
+ * never exceed peak_bytes.
+ * Iteration 0 starts at time 0 with empty links, the resident allocations present and the
+ * offloaded ones whose window wraps present and ready (their prefetch belonged to iteration -1);
+ * every other offloaded allocation is fetched by its own prefetch. predicted_us is the duration of
+ * iteration 1: the end of its last launch minus the end of iteration 0's last launch, so the
+ * prefetches iteration 0 issues for iteration 1 and its write-backs are accounted for.
+ * predicted_stall_us = predicted_us - sum of duration_us: the time compute waits for transfers.
+ * The stall of iteration 1 at launch i (its start minus the end of launch i-1) is charged to the
+ * referenced allocation with the latest ready time (fs_plan_evaluate_ex). */
+#include <math.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "fs.h"
+#include "schedule.h"
+
+int fs_profile_check(const struct fs_profile *p)
+{
+    if (!p || p->nallocs < 0 || p->nlaunches < 0 || p->nrefs < 0)
+        return FS_ERR_INVALID;
+    if ((p->nallocs > 0 && !p->allocs) || (p->nlaunches > 0 && !p->launches) ||
+        (p->nrefs > 0 && !p->refs))
+        return FS_ERR_INVALID;
+    int n = p->nlaunches;
+    for (int a = 0; a < p->nallocs; a++) {
+        const struct fs_prof_alloc *al = &p->allocs[a];
+        if (al->first_use == -1 && al->last_use == -1)
+            continue;
+        if (al->first_use < 0 || al->last_use < al->first_use || al->last_use >= n)
+            return FS_ERR_INVALID;
+    }
+    for (int i = 0; i < n; i++) {
+        const struct fs_prof_launch *l = &p->launches[i];
+        if (!(l->duration_us >= 0.0) || !isfinite(l->duration_us))
+            return FS_ERR_INVALID;
+        if (l->nrefs < 0 || l->ref_start < 0 || l->ref_start > p->nrefs ||
+            l->nrefs > p->nrefs - l->ref_start)
+            return FS_ERR_INVALID;
+        for (int r = l->ref_start; r < l->ref_start + l->nrefs; r++) {
+            int a = p->refs[r];
+            if (a < 0 || a >= p->nallocs)
+                return FS_ERR_INVALID;
+            if (i < p->allocs[a].first_use || i > p->allocs[a].last_use)
+                return FS_ERR_INVALID;
+        }
+    }
+    return FS_OK;
+}
+
+/* Does the window [pf, ev] (cyclic) contain the use range [f, l] as one piece? */
+static bool window_covers(int pf, int ev, int f, int l)
+{
+    if (pf <= ev)
+        return pf <= f && l <= ev;
+    return l <= ev || f >= pf;
+}
+
+struct pf_item {
+    int alloc;
+    int at;   /* prefetch_at */
+    int dist; /* launches from prefetch_at to first_use, cyclic */
+};
+
+static int pf_item_cmp(const void *x, const void *y)
+{
+    const struct pf_item *a = x, *b = y;
+    if (a->at != b->at)
+        return a->at < b->at ? -1 : 1;
+    if (a->dist != b->dist)
+        return a->dist < b->dist ? -1 : 1;
+    return (a->alloc > b->alloc) - (a->alloc < b->alloc);
+}
+
+static double max2(double a, double b)
+{
+    return a > b ? a : b;
+}
+
+int fs_plan_evaluate_ex(const struct fs_profile *p, struct fs_plan *plan, double *stall_by_alloc)
+{
+    int rc = fs_profile_check(p);
+    if (rc != FS_OK)
+        return rc;
+    if (!plan || plan->nallocs != p->nallocs || (p->nallocs > 0 && !plan->entries))
+        return FS_ERR_INVALID;
+
+    const int n = p->nlaunches, na = p->nallocs;
+    int64_t *diff = NULL;
+    struct pf_item *pf = NULL;
+    int *pf_start = NULL, *ev_start = NULL, *ev_list = NULL;
+    double *ready = NULL;
+    uint64_t base = 0;
+    int npf = 0;
+
+    diff = calloc((size_t)n + 1, sizeof(*diff));
+    pf = calloc((size_t)na + 1, sizeof(*pf));
+    pf_start = calloc((size_t)n + 2, sizeof(*pf_start));
+    ev_start = calloc((size_t)n + 2, sizeof(*ev_start));
+    ev_list = calloc((size_t)na + 1, sizeof(*ev_list));
+    ready = calloc((size_t)na + 1, sizeof(*ready));
+    if (!diff || !pf || !pf_start || !ev_start || !ev_list || !ready) {
+        rc = FS_ERR_NOMEM;
+        goto out;
+    }
+
+    /* Check every entry and add up the bytes held per launch. */
+    for (int a = 0; a < na; a++) {
+        const struct fs_plan_entry *e = &plan->entries[a];
+        const struct fs_prof_alloc *al = &p->allocs[a];
+        if (e->resident) {
+            base += al->mapped;
+            continue;
+        }
+        if (al->first_use < 0) {
+            if (e->prefetch_at != -1 || e->evict_after != -1) {
+                rc = FS_ERR_INVALID;
+                goto out;
+            }
+            continue;
+        }
+        int pa = e->prefetch_at, ev = e->evict_after;
+        if (pa < 0 || pa >= n || ev < 0 || ev >= n ||
+            !window_covers(pa, ev, al->first_use, al->last_use)) {
+            rc = FS_ERR_INVALID;
+            goto out;
+        }
+        int64_t m = (int64_t)al->mapped;
+        if (pa <= ev) {
+            diff[pa] += m;
+            diff[ev + 1] -= m;
+        } else {
+            diff[pa] += m;
+            diff[0] += m;
+            diff[ev + 1] -= m;
+        }
+        pf[npf].alloc = a;
+        pf[npf].at = pa;
+        pf[npf].dist = (al->first_use - pa + n) % n;
+        npf++;
+        ev_start[ev + 1]++;
+    }
+    int64_t held = 0, most = 0;
+    for (int i = 0; i < n; i++) {
+        held += diff[i];
+        if (held > most)
+            most = held;
+    }
+    uint64_t peak = base + (uint64_t)most;
+
+    /* Prefetches by issue launch, in queue order; write-backs by launch, in allocation order. */
+    qsort(pf, (size_t)npf, sizeof(*pf), pf_item_cmp);
+    for (int k = 0; k < npf; k++)
+        pf_start[pf[k].at + 1]++;
+    for (int i = 0; i < n; i++) {
+        pf_start[i + 1] += pf_start[i];
+        ev_start[i + 1] += ev_start[i];
+    }
+    /* Fill the write-back lists: walk allocations in index order (the per-launch byte counts
+     * are done with, so the cursor reuses diff's storage). */
+    {
+        int64_t *cursor = diff;
+        for (int i = 0; i < n; i++)
+            cursor[i] = ev_start[i];
+        for (int a = 0; a < na; a++) {
+            const struct fs_plan_entry *e = &plan->entries[a];
+            if (!e->resident && p->allocs[a].first_use >= 0)
+                ev_list[cursor[e->evict_after]++] = a;
+        }
+    }
+
+    /* Two iterations. Wrapped windows start present (ready 0); the others are fetched by their
+     * own prefetch in iteration 0 before their first use. */
+    if (stall_by_alloc)
+        for (int a = 0; a < na; a++)
+            stall_by_alloc[a] = 0.0;
+    double t = 0.0, h2d_free = 0.0, d2h_free = 0.0, iter0_end = 0.0, compute = 0.0;
+    for (int i = 0; i < n; i++)
+        compute += p->launches[i].duration_us;
+    for (int iter = 0; iter < 2; iter++) {
+        for (int i = 0; i < n; i++) {
+            const struct fs_prof_launch *l = &p->launches[i];
+            for (int k = pf_start[i]; k < pf_start[i + 1]; k++) {
+                int a = pf[k].alloc;
+                double s = max2(t, max2(h2d_free, d2h_free));
+                h2d_free = s + fs_bw_h2d_us(&p->bw, p->allocs[a].mapped);
+                ready[a] = h2d_free;
+            }
+            double start = t;
+            int culprit = -1;
+            for (int r = l->ref_start; r < l->ref_start + l->nrefs; r++) {
+                int a = p->refs[r];
+                if (!plan->entries[a].resident && ready[a] > start) {
+                    start = ready[a];
+                    culprit = a;
+                }
+            }
+            if (iter == 1 && stall_by_alloc && culprit >= 0)
+                stall_by_alloc[culprit] += start - t;
+            t = start + l->duration_us;
+            for (int k = ev_start[i]; k < ev_start[i + 1]; k++) {
+                int a = ev_list[k];
+                double s = max2(t, d2h_free);
+                d2h_free = s + fs_bw_d2h_us(&p->bw, p->allocs[a].mapped);
+            }
+        }
+        if (iter == 0)
+            iter0_end = t;
+    }
+
+    plan->peak_bytes = peak;
+    plan->predicted_us = t - iter0_end;
+    plan->predicted_stall_us = max2(0.0, plan->predicted_us - compute);
+    rc = peak > plan->budget ? FS_ERR_INVALID : FS_OK;
+out:
+    free(diff);
+    free(pf);
+    free(pf_start);
+    free(ev_start);
+    free(ev_list);
+    free(ready);
+    return rc;
+}
+
+int fs_plan_evaluate(const struct fs_profile *p, struct fs_plan *plan)
+{
+    return fs_plan_evaluate_ex(p, plan, NULL);
+}
