@@ -455,6 +455,105 @@ static void test_free_returns_memory_and_rejects_interior(void **state)
     env_close(&e);
 }
 
+/* Each kernel adds 1 to the first word of each allocation it references, and checks that the
+ * allocation's second word (its identity) is intact. */
+struct count_ctx {
+    uint32_t expect_id[4];
+    int bad;
+};
+
+static void count_kernel(void *ctx, void *const *ptrs, int nptrs)
+{
+    struct count_ctx *c = ctx;
+    for (int i = 0; i < nptrs; i++) {
+        uint32_t *w = ptrs[i];
+        w[0] += 1;
+        if (w[1] != c->expect_id[i])
+            c->bad++;
+    }
+}
+
+/* A long random run under heavy eviction, allocations of repeating sizes coming and going (pool
+ * reuse), kernels over 1-3 allocations, in both remap modes: no count is lost, nothing is read
+ * from the wrong allocation, and the budget holds throughout. */
+static void stress_case(bool strict)
+{
+    struct env e;
+    env_open(&e, 48 * MIB, strict);
+    enum { N = 24, LAUNCHES = 600 };
+    fs_dptr v[N];
+    uint64_t sz[N];
+    uint32_t expect[N];
+    static struct count_ctx ctx[LAUNCHES];
+    uint64_t rng = 12345;
+    for (int i = 0; i < N; i++) {
+        sz[i] = (2 + (uint64_t)(i % 4) * 2) * MIB;
+        assert_int_equal(fs_res_alloc(&e.res, sz[i], &v[i]), FS_OK);
+        uint32_t init[2] = {0, (uint32_t)i + 1000};
+        assert_int_equal(fs_sim_write(e.dev, v[i], init, sizeof(init)), FS_OK);
+        expect[i] = 0;
+    }
+    for (int l = 0; l < LAUNCHES; l++) {
+        rng = rng * 6364136223846793005ull + 1442695040888963407ull;
+        int n = 1 + (int)((rng >> 33) % 3);
+        fs_dptr ptrs[3];
+        uint64_t sizes[3];
+        int idx[3];
+        for (int k = 0; k < n; k++) {
+            rng = rng * 6364136223846793005ull + 1442695040888963407ull;
+            int i = (int)((rng >> 33) % N);
+            for (int j = 0; j < k; j++)
+                if (idx[j] == i)
+                    i = (i + 1) % N;
+            idx[k] = i;
+            ptrs[k] = v[i];
+            sizes[k] = 8;
+            ctx[l].expect_id[k] = (uint32_t)i + 1000;
+        }
+        bool dup = n > 1 && (idx[0] == idx[1] || (n > 2 && (idx[2] == idx[0] || idx[2] == idx[1])));
+        if (dup)
+            n = 1;
+        for (int k = 0; k < n; k++)
+            expect[idx[k]]++;
+        launch(&e, ptrs, sizes, n, 1000 + (rng >> 50), count_kernel, &ctx[l]);
+        assert_true(fs_res_device_bytes(&e.res) <= 48 * MIB);
+        if (l % 97 == 96) { /* an allocation is freed and one of the same size comes back */
+            int i = (int)((rng >> 20) % N);
+            assert_int_equal(fs_res_free(&e.res, v[i]), FS_OK);
+            assert_int_equal(fs_res_alloc(&e.res, sz[i], &v[i]), FS_OK);
+            uint32_t init[2] = {0, (uint32_t)i + 1000};
+            assert_int_equal(fs_sim_write(e.dev, v[i], init, sizeof(init)), FS_OK);
+            expect[i] = 0;
+        }
+    }
+    assert_int_equal(e.dev->ops->ctx_sync(e.dev), FS_OK);
+    for (int l = 0; l < LAUNCHES; l++)
+        assert_int_equal(ctx[l].bad, 0);
+    for (int i = 0; i < N; i++) {
+        uint32_t got[2];
+        assert_int_equal(fs_sim_read(e.dev, got, v[i], sizeof(got)), FS_OK);
+        assert_int_equal(got[1], (uint32_t)i + 1000);
+        assert_int_equal(got[0], expect[i]);
+    }
+    struct fs_res_stats s;
+    fs_res_get_stats(&e.res, &s);
+    assert_true(s.evictions > 100);
+    assert_int_equal(s.failures, 0);
+    env_close(&e);
+}
+
+static void test_stress_strict(void **state)
+{
+    (void)state;
+    stress_case(true);
+}
+
+static void test_stress_tracked(void **state)
+{
+    (void)state;
+    stress_case(false);
+}
+
 int main(void)
 {
     const struct CMUnitTest tests[] = {
@@ -471,6 +570,8 @@ int main(void)
         cmocka_unit_test(test_failure_injection),
         cmocka_unit_test(test_threads_under_pressure),
         cmocka_unit_test(test_free_returns_memory_and_rejects_interior),
+        cmocka_unit_test(test_stress_strict),
+        cmocka_unit_test(test_stress_tracked),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }
