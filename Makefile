@@ -41,7 +41,7 @@ SIMDEMO := $(BUILD)/flexshim-simdemo
 deps:
 	tools/install-deps.sh
 
-.PHONY: deps demo all test test-unit test-preload test-asan test-valgrind dist install clean gpu-build
+.PHONY: deps demo all test test-unit test-preload test-tools test-asan test-valgrind dist install clean gpu-build
 all: $(LIB) $(TOOL) $(SIMDEMO)
 
 $(BUILD)/%.o: %.c $(wildcard core/*.h shim/*.h strategies/*.h)
@@ -95,11 +95,14 @@ test-unit: $(UNIT_BIN)
 test-preload: $(LIB) $(TOOL) $(PRELOAD_PROGS)
 	BUILD=$(BUILD) SAN=$(SAN) tests/preload/run.sh
 
+test-tools: $(TOOL)
+	BUILD=$(BUILD) SAN=$(SAN) tests/tools/run.sh
+
 # Everything that runs without a GPU: plain build, then ASan+UBSan, then valgrind on the
 # simulated-device tests. tests/gpu/ needs the GPU machine (tests/gpu/run.sh).
 test:
-	$(MAKE) test-unit test-preload
-	$(MAKE) BUILD=build/asan SAN=1 test-unit test-preload
+	$(MAKE) test-unit test-preload test-tools
+	$(MAKE) BUILD=build/asan SAN=1 test-unit test-preload test-tools
 	$(MAKE) test-valgrind
 	@echo "tests/gpu: skipped here (no GPU); run tests/gpu/run.sh on the GPU machine"
 

@@ -35,6 +35,32 @@ const struct fs_strategy *fs_strategy_find(const char *name);
  * launch. */
 int fs_plan_evaluate(const struct fs_profile *p, struct fs_plan *plan);
 
+/* One interval of the iteration the model measures (its second), for fs_plan_evaluate_trace.
+ * Times are microseconds from the iteration's start (the end of the previous iteration's last
+ * launch): the launches lie within [0, predicted_us]; a transfer may end after predicted_us (it
+ * overlaps the next iteration, as the previous iteration's tail overlaps this one's start). */
+enum fs_tl_lane { FS_TL_COMPUTE, FS_TL_H2D, FS_TL_D2H };
+
+struct fs_tl_event {
+    enum fs_tl_lane lane;
+    int launch;      /* compute: the launch; H2D: the launch whose queueing issues the prefetch
+                      * (prefetch_at); D2H: the launch after which it is written back
+                      * (evict_after) */
+    int alloc;       /* H2D, D2H: the allocation moved; compute: the offloaded allocation whose
+                      * prefetch it waited for (the latest ready), or -1 */
+    uint64_t bytes;  /* H2D, D2H: mapped bytes moved; compute: 0 */
+    double start_us, end_us;
+    double wait_us;  /* compute: how long it waited for that prefetch (its stall); else 0 */
+};
+
+typedef void (*fs_tl_sink)(const struct fs_tl_event *ev, void *arg);
+
+/* fs_plan_evaluate with the same results and return value; in addition, when the plan is valid,
+ * SINK (optional) is called with ARG once per launch, prefetch and write-back of the measured
+ * iteration, in the order the model queues them (each lane's events in time order). */
+int fs_plan_evaluate_trace(const struct fs_profile *p, struct fs_plan *plan, fs_tl_sink sink,
+                           void *arg);
+
 /* Transfer time in microseconds of BYTES host-to-device under the profile's link model. */
 double fs_bw_h2d_us(const struct fs_bw_model *bw, uint64_t bytes);
 /* The same for device-to-host (write-back of an evicted allocation). A model with no fitted

@@ -47,7 +47,9 @@
  * prefetches iteration 0 issues for iteration 1 and its write-backs are accounted for.
  * predicted_stall_us = predicted_us - sum of duration_us: the time compute waits for transfers.
  * The stall of iteration 1 at launch i (its start minus the end of launch i-1) is charged to the
- * referenced allocation with the latest ready time (fs_plan_evaluate_ex). */
+ * referenced allocation with the latest ready time (fs_plan_evaluate_ex). fs_plan_evaluate_trace
+ * reports iteration 1's launches, prefetches and write-backs as intervals (what
+ * `flexshim-profile trace` draws). */
 #include <math.h>
 #include <stdlib.h>
 #include <string.h>
@@ -117,7 +119,11 @@ static double max2(double a, double b)
     return a > b ? a : b;
 }
 
-int fs_plan_evaluate_ex(const struct fs_profile *p, struct fs_plan *plan, double *stall_by_alloc)
+/* The model itself: fs_plan_evaluate, plus the stall attribution of fs_plan_evaluate_ex and the
+ * measured iteration's intervals of fs_plan_evaluate_trace. STALL_BY_ALLOC and SINK are
+ * optional and change nothing in the results. */
+static int evaluate(const struct fs_profile *p, struct fs_plan *plan, double *stall_by_alloc,
+                    fs_tl_sink sink, void *sink_arg)
 {
     int rc = fs_profile_check(p);
     if (rc != FS_OK)
@@ -187,6 +193,8 @@ int fs_plan_evaluate_ex(const struct fs_profile *p, struct fs_plan *plan, double
             most = held;
     }
     uint64_t peak = base + (uint64_t)most;
+    /* Intervals are reported only for a valid plan. */
+    const bool emit = sink && peak <= plan->budget;
 
     /* Prefetches by issue launch, in queue order; write-backs by launch, in allocation order. */
     qsort(pf, (size_t)npf, sizeof(*pf), pf_item_cmp);
@@ -218,6 +226,7 @@ int fs_plan_evaluate_ex(const struct fs_profile *p, struct fs_plan *plan, double
     for (int i = 0; i < n; i++)
         compute += p->launches[i].duration_us;
     for (int iter = 0; iter < 2; iter++) {
+        const bool report = emit && iter == 1;
         for (int i = 0; i < n; i++) {
             const struct fs_prof_launch *l = &p->launches[i];
             for (int k = pf_start[i]; k < pf_start[i + 1]; k++) {
@@ -225,6 +234,12 @@ int fs_plan_evaluate_ex(const struct fs_profile *p, struct fs_plan *plan, double
                 double s = max2(t, max2(h2d_free, d2h_free));
                 h2d_free = s + fs_bw_h2d_us(&p->bw, p->allocs[a].mapped);
                 ready[a] = h2d_free;
+                if (report)
+                    sink(&(struct fs_tl_event){.lane = FS_TL_H2D, .launch = i, .alloc = a,
+                                               .bytes = p->allocs[a].mapped,
+                                               .start_us = s - iter0_end,
+                                               .end_us = h2d_free - iter0_end},
+                         sink_arg);
             }
             double start = t;
             int culprit = -1;
@@ -237,11 +252,23 @@ int fs_plan_evaluate_ex(const struct fs_profile *p, struct fs_plan *plan, double
             }
             if (iter == 1 && stall_by_alloc && culprit >= 0)
                 stall_by_alloc[culprit] += start - t;
+            if (report)
+                sink(&(struct fs_tl_event){.lane = FS_TL_COMPUTE, .launch = i, .alloc = culprit,
+                                           .start_us = start - iter0_end,
+                                           .end_us = start + l->duration_us - iter0_end,
+                                           .wait_us = start - t},
+                     sink_arg);
             t = start + l->duration_us;
             for (int k = ev_start[i]; k < ev_start[i + 1]; k++) {
                 int a = ev_list[k];
                 double s = max2(t, d2h_free);
                 d2h_free = s + fs_bw_d2h_us(&p->bw, p->allocs[a].mapped);
+                if (report)
+                    sink(&(struct fs_tl_event){.lane = FS_TL_D2H, .launch = i, .alloc = a,
+                                               .bytes = p->allocs[a].mapped,
+                                               .start_us = s - iter0_end,
+                                               .end_us = d2h_free - iter0_end},
+                         sink_arg);
             }
         }
         if (iter == 0)
@@ -262,7 +289,18 @@ out:
     return rc;
 }
 
+int fs_plan_evaluate_ex(const struct fs_profile *p, struct fs_plan *plan, double *stall_by_alloc)
+{
+    return evaluate(p, plan, stall_by_alloc, NULL, NULL);
+}
+
 int fs_plan_evaluate(const struct fs_profile *p, struct fs_plan *plan)
 {
-    return fs_plan_evaluate_ex(p, plan, NULL);
+    return evaluate(p, plan, NULL, NULL, NULL);
+}
+
+int fs_plan_evaluate_trace(const struct fs_profile *p, struct fs_plan *plan, fs_tl_sink sink,
+                           void *arg)
+{
+    return evaluate(p, plan, NULL, sink, arg);
 }

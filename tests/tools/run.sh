@@ -1,0 +1,230 @@
+#!/usr/bin/env bash
+# flexshim-profile's profile commands (check, show, simulate, trace) on the sample profiles in
+# tests/data/ (small.json: 10 allocations, 7 launches, a plan saved by adaptive at 112 MiB;
+# small-noplan.json: the same without a plan) and broken copies made here. Run from the
+# repository root by `make test-tools`; prints "tools: N passed, M failed".
+set -u
+BUILD=${BUILD:-build}
+TOOL=$PWD/$BUILD/flexshim-profile
+DATA=$PWD/tests/data
+SMALL=$DATA/small.json
+NOPLAN=$DATA/small-noplan.json
+if [ "${SAN:-}" = 1 ]; then
+    export ASAN_OPTIONS=${ASAN_OPTIONS:-detect_leaks=1}
+fi
+tmp=$(mktemp -d /tmp/flexshim-tools.XXXXXX)
+trap 'rm -rf "$tmp"' EXIT
+passed=0; failed=0
+
+ok()   { passed=$((passed + 1)); echo "ok   $1"; }
+fail() { failed=$((failed + 1)); echo "FAIL $1"; [ -n "${2:-}" ] && printf '     %s\n' "$2"; }
+# expect NAME FILE PATTERN: FILE must contain the extended regex PATTERN
+expect() { if grep -Eq -- "$3" "$2"; then ok "$1"; else fail "$1" "no /$3/ in: $(head -c 600 "$2")"; fi; }
+expect_not() { if grep -Eq -- "$3" "$2"; then fail "$1" "unexpected /$3/ in: $(head -c 600 "$2")"; else ok "$1"; fi; }
+# expect_rc NAME WANT GOT [FILE]
+expect_rc() { if [ "$3" = "$2" ]; then ok "$1"; else fail "$1" "exit $3, expected $2${4:+: $(head -c 600 "$4")}"; fi; }
+# run OUT ERR ARGS...: the tool's stdout into OUT, stderr into ERR; sets rc
+run() { local out=$1 err=$2; shift 2; "$TOOL" "$@" >"$out" 2>"$err"; rc=$?; }
+# json_ok FILE: python3 parses it
+json_ok() { python3 -c 'import json,sys; json.load(open(sys.argv[1]))' "$1" 2>"$tmp/json_err"; }
+
+# Broken copies of the sample, one failure class each.
+head -c 900 "$SMALL" >"$tmp/corrupt.json"
+sed 's/"flexshim_profile": 1/"flexshim_profile": 2/' "$SMALL" >"$tmp/version.json"
+sed 's/"duration_us": 100, "refs": \[4, 5\]/"duration_us": 100, "refs": [4, 6]/' "$SMALL" >"$tmp/refs.json"
+sed 's/"first_use": 4, "last_use": 4/"first_use": 3, "last_use": 4/' "$SMALL" >"$tmp/uses.json"
+sed 's/"budget": 117440512/"budget": 104857600/' "$SMALL" >"$tmp/overbudget.json"
+sed 's/{"prefetch_at": 2, "evict_after": 3}/{"prefetch_at": 4, "evict_after": 2}/' "$SMALL" >"$tmp/window.json"
+sed 's/"predicted_us": 20981.7728/"predicted_us": 19000/' "$SMALL" >"$tmp/stale.json"
+for f in version refs uses overbudget window stale; do
+    cmp -s "$SMALL" "$tmp/$f.json" && fail "broken copy $f.json differs from the sample" "the sed edit matched nothing"
+done
+
+# 1. check
+run "$tmp/o" "$tmp/e" check "$SMALL"
+expect_rc "check: a valid profile exits 0" 0 $rc "$tmp/e"
+expect "check: one line with counts, plan, budget and prediction" "$tmp/o" \
+    "^$SMALL: profile OK: 10 allocations \(214\.0 MiB\), 7 launches per iteration, plan: adaptive\(global\) at budget 112 MiB \(predicted 20\.982 ms, stall 13\.127 ms\)$"
+[ "$(wc -l <"$tmp/o")" = 1 ] && [ ! -s "$tmp/e" ] && ok "check: exactly one line, nothing on stderr" || fail "check: exactly one line, nothing on stderr" "$(cat "$tmp/o" "$tmp/e")"
+run "$tmp/o" "$tmp/e" check "$NOPLAN"
+expect "check: a profile without a plan says 'no plan'" "$tmp/o" "^$NOPLAN: profile OK: 10 allocations \(214\.0 MiB\), 7 launches per iteration, no plan$"
+
+check_fails() { # NAME FILE PATTERN
+    run "$tmp/o" "$tmp/e" check "$2"
+    expect_rc "check: $1 exits 1" 1 $rc "$tmp/e"
+    expect "check: $1 says what is wrong" "$tmp/e" "$3"
+    [ "$(wc -l <"$tmp/e")" = 1 ] && ok "check: $1 is one line" || fail "check: $1 is one line" "$(cat "$tmp/e")"
+}
+check_fails "corrupt JSON" "$tmp/corrupt.json" "^flexshim-profile check: profile $tmp/corrupt.json is not valid JSON \(line [0-9]+, column [0-9]+: .*\); record it again$"
+check_fails "wrong schema version" "$tmp/version.json" "profile $tmp/version.json has schema version 2; this flexshim reads version 1: record it again"
+check_fails "reference outside the use range" "$tmp/refs.json" "launches\[2\]\.refs\[1\] refers to allocation 6, whose first_use\.\.last_use is 3\.\.5 and does not include launch 2"
+check_fails "use range not matching the references" "$tmp/uses.json" "allocations\[8\]\.first_use is 3 but the first launch referring to it is 4"
+check_fails "missing file" "$tmp/none.json" "cannot read profile $tmp/none.json: No such file or directory"
+check_fails "plan over its budget" "$tmp/overbudget.json" "the plan holds 112 MiB on the device at its peak, more than its budget of 100 MiB"
+check_fails "plan window missing a use" "$tmp/window.json" "plan\.entries\[2\]: the window from launch 4 \(prefetch_at\) to launch 2 \(evict_after\) does not contain the allocation's uses, launches 3 to 3"
+run "$tmp/o" "$tmp/e" check "$tmp/stale.json"
+expect_rc "check: a stale saved prediction is not an error" 0 $rc "$tmp/e"
+expect "check: a stale saved prediction is noted" "$tmp/e" "note: the saved plan predicts 19\.000 ms .*model predicts 20\.982 ms"
+
+# 2. show
+run "$tmp/show" "$tmp/e" show "$SMALL"
+expect_rc "show: exits 0" 0 $rc "$tmp/e"
+expect "show: device" "$tmp/show" '^device +NVIDIA H200 \(compute capability 9\.0, 140\.40 GiB, driver 13\.0\)$'
+expect "show: program" "$tmp/show" '^program +python infer\.py --model tiny$'
+expect "show: link model" "$tmp/show" 'host to device 25\.0 GB/s \+ 10\.0 us'
+expect "show: iteration totals" "$tmp/show" '^iteration 7 launches, 7\.855 ms of compute; 10 allocations, 214\.0 MiB on the device \(210\.0 MiB used by launches\)$'
+expect "show: sizes < 1 MiB" "$tmp/show" '^  < 1 MiB +1 +0\.5$'
+expect "show: sizes 4-16 MiB" "$tmp/show" '^  4 MiB - 16 MiB +5 +36\.0$'
+expect "show: sizes 16-64 MiB" "$tmp/show" '^  16 MiB - 64 MiB +2 +47\.5$'
+expect "show: sizes 64-256 MiB" "$tmp/show" '^  64 MiB - 256 MiB +2 +128\.0$'
+expect_not "show: no empty size ranges" "$tmp/show" '^  1 MiB - 4 MiB'
+expect "show: plan, budget and peak" "$tmp/show" '^plan +adaptive\(global\) at budget 112 MiB, peak 112 MiB$'
+expect "show: resident bytes" "$tmp/show" '^  resident +4 allocations +32\.0 MiB$'
+expect "show: offloaded bytes" "$tmp/show" '^  offloaded +6 allocations +182\.0 MiB \(178\.0 MiB moved per iteration\)$'
+expect "show: predicted step and stall" "$tmp/show" '^  predicted step 20\.982 ms: compute 7\.855 ms \+ stall 13\.127 ms$'
+expect "show: top kernel by total time (two launches grouped)" "$tmp/show" '^  gemm_bf16_128x128 +2 +6\.000 +76\.4%$'
+expect "show: unnamed kernel by hash" "$tmp/show" '^  0xdeadbeefcafef00d +1 +0\.050 +0\.6%$'
+expect "show: copies and memsets" "$tmp/show" '^  copy/memset +1 +0\.005 +0\.1%$'
+sed -n '/^  kernel /,$p' "$tmp/show" | sed 1d | awk '{print $(NF-1)}' >"$tmp/ktimes"
+sort -rn "$tmp/ktimes" | cmp -s - "$tmp/ktimes" && [ "$(wc -l <"$tmp/ktimes")" = 6 ] && ok "show: kernels sorted by total time" || fail "show: kernels sorted by total time" "$(cat "$tmp/show")"
+run "$tmp/o" "$tmp/e" show "$NOPLAN"
+expect "show: no plan saved" "$tmp/o" '^plan +none saved'
+run "$tmp/o" "$tmp/e" show "$tmp/version.json"
+expect_rc "show: a bad profile exits 1" 1 $rc "$tmp/e"
+expect "show: a bad profile says why" "$tmp/e" 'has schema version 2'
+
+# 3. simulate
+run "$tmp/sim" "$tmp/simerr" simulate "$SMALL" --budget 50%,128MiB
+expect_rc "simulate: exits 0" 0 $rc "$tmp/simerr"
+expect "simulate: says it is a model, not a GPU run" "$tmp/sim" 'timeline model of the planned iteration, not a GPU run'
+expect "simulate: names the smallest feasible budget" "$tmp/sim" 'smallest feasible budget: 80 MiB \(the allocations in use across launch 1\)'
+expect "simulate: table header" "$tmp/sim" '^budget +strategy +predicted ms +stall ms +offloaded MiB +peak MiB +limit ms$'
+rows() { grep -Ec '^(50% = 105 MiB|128 MiB) ' "$tmp/sim"; }
+[ "$(rows)" = 8 ] && ok "simulate: 2 budgets x 4 strategies = 8 rows" || fail "simulate: 2 budgets x 4 strategies = 8 rows" "$(cat "$tmp/sim")"
+for s in 'adaptive\(' knapsack greedy global; do
+    [ "$(grep -Ec "^(50% = 105 MiB|128 MiB) +$s" "$tmp/sim")" = 2 ] && ok "simulate: $s at both budgets" || fail "simulate: $s at both budgets" "$(cat "$tmp/sim")"
+done
+expect "simulate: percentage of the managed bytes (50% of 210 MiB)" "$tmp/sim" '^50% = 105 MiB +adaptive\(greedy\) +21\.663 +13\.808 +176\.0 +98\.0 +7\.855$'
+expect "simulate: a row with its limit max(C, B/W) (B/W = 210 MiB / 25 GB/s)" "$tmp/sim" '^128 MiB +knapsack +18\.495 +10\.640 +210\.0 +128\.0 +8\.808$'
+[ "$(grep -c '^simulate: \[[0-9]/8\]' "$tmp/simerr")" = 8 ] && ok "simulate: progress on stderr for 8 rows" || fail "simulate: progress on stderr for 8 rows" "$(cat "$tmp/simerr")"
+expect_not "simulate: no progress on stdout" "$tmp/sim" '\[[0-9]+/[0-9]+\]'
+run "$tmp/o" "$tmp/e" simulate "$SMALL" --budget 128MiB --strategy greedy
+[ "$(grep -c '^128 MiB ' "$tmp/o")" = 1 ] && grep -Eq '^128 MiB +greedy ' "$tmp/o" && ok "simulate: --strategy picks one" || fail "simulate: --strategy picks one" "$(cat "$tmp/o")"
+[ ! -s "$tmp/e" ] && ok "simulate: no progress for a single row" || fail "simulate: no progress for a single row" "$(cat "$tmp/e")"
+run "$tmp/o" "$tmp/e" simulate "$SMALL" --budget 40MiB --strategy all
+expect_rc "simulate: an infeasible budget is a result, not an error" 0 $rc "$tmp/e"
+[ "$(grep -Ec '^40 MiB +[a-z]+ +infeasible( +-){4}$' "$tmp/o")" = 4 ] && ok "simulate: infeasible budget reported for every strategy" || fail "simulate: infeasible budget reported for every strategy" "$(cat "$tmp/o")"
+run "$tmp/o" "$tmp/e" simulate "$SMALL" --budget 100%
+expect "simulate: 100% keeps everything resident (no stall, time = compute)" "$tmp/o" '^100% = 210 MiB +global +7\.855 +0\.000 +0\.0 +210\.0 +7\.855$'
+budgets=80MiB,40%,100MiB,50%,112MiB,120MiB,128MiB,160MiB,200MiB,100%
+run "$tmp/o" "$tmp/e" simulate "$SMALL" --budget $budgets --strategy adaptive
+awk '$0 ~ /adaptive\(/ { for (i = 1; i <= NF; i++) if ($i ~ /^adaptive\(/) print $(i + 1) }' "$tmp/o" >"$tmp/adaptive"
+if [ "$(wc -l <"$tmp/adaptive")" = 10 ] && awk 'NR > 1 && $1 > prev + 1e-9 { bad = 1 } { prev = $1 } END { exit bad }' "$tmp/adaptive"; then
+    ok "simulate: adaptive never predicts more time for more budget"
+else
+    fail "simulate: adaptive never predicts more time for more budget" "$(cat "$tmp/o")"
+fi
+expect "simulate: 40% of the managed bytes (84 MiB) is planned" "$tmp/o" '^40% = 84 MiB +adaptive\('
+
+# 4. trace
+run "$tmp/o" "$tmp/e" trace "$SMALL" -o "$tmp/plan.json"
+expect_rc "trace: exits 0" 0 $rc "$tmp/e"
+expect "trace: says what it wrote" "$tmp/o" "^wrote $tmp/plan\.json: 24 events \(7 launches, 5 prefetches, 5 write-backs; predicted 20\.982 ms, stall 13\.127 ms\)$"
+json_ok "$tmp/plan.json" && ok "trace: the file is JSON" || fail "trace: the file is JSON" "$(cat "$tmp/json_err")"
+cat >"$tmp/check_trace.py" <<'EOF'
+# check_trace.py TRACE NLAUNCHES PREDICTED_MS: the trace's structure; prints what is wrong.
+import json, sys
+d = json.load(open(sys.argv[1]))
+n, predicted = int(sys.argv[2]), float(sys.argv[3])
+bad = []
+if d.get("displayTimeUnit") != "ms":
+    bad.append("displayTimeUnit is not ms")
+ev = d["traceEvents"]
+procs = [e for e in ev if e["ph"] == "M" and e["name"] == "process_name"]
+if [e["args"]["name"] for e in procs] != ["flexshim plan"]:
+    bad.append("process name: %r" % procs)
+lanes = {e["tid"]: e["args"]["name"] for e in ev if e["ph"] == "M" and e["name"] == "thread_name"}
+if sorted(lanes.values()) != sorted(["compute", "host to device", "device to host"]):
+    bad.append("lanes: %r" % lanes)
+tid = {v: k for k, v in lanes.items()}
+xs = [e for e in ev if e["ph"] == "X"]
+for e in xs:
+    if not all(k in e for k in ("name", "ts", "dur", "pid", "tid")) or e["dur"] < 0 or e["ts"] < 0:
+        bad.append("malformed event %r" % e)
+comp = [e for e in xs if e["tid"] == tid.get("compute")]
+if sorted(e["args"]["launch"] for e in comp) != list(range(n)):
+    bad.append("compute events are not one per launch: %r" % [e["args"]["launch"] for e in comp])
+comp.sort(key=lambda e: e["ts"])
+for a, b in zip(comp, comp[1:]):
+    if b["ts"] < a["ts"] + a["dur"] - 1e-6:
+        bad.append("launches overlap: %s, %s" % (a["args"]["launch"], b["args"]["launch"]))
+if comp and abs(comp[-1]["ts"] + comp[-1]["dur"] - predicted * 1000) > 1:
+    bad.append("last launch ends at %f us, predicted %f ms" % (comp[-1]["ts"] + comp[-1]["dur"], predicted))
+for lane, word in (("host to device", "prefetch"), ("device to host", "write-back")):
+    for e in xs:
+        if e["tid"] == tid.get(lane) and not e["name"].startswith(word + " alloc "):
+            bad.append("%s event named %r" % (lane, e["name"]))
+if any(not isinstance(e["args"].get("refs"), list) for e in comp):
+    bad.append("a compute event without refs")
+print("\n".join(bad))
+sys.exit(1 if bad else 0)
+EOF
+python3 "$tmp/check_trace.py" "$tmp/plan.json" 7 20.982 >"$tmp/why" 2>&1 && ok "trace: three lanes, one compute event per launch, times match the prediction" || fail "trace: three lanes, one compute event per launch, times match the prediction" "$(cat "$tmp/why")"
+grep -q '"name":"prefetch alloc 1 (64.0 MiB)"' "$tmp/plan.json" && ok "trace: prefetch named by allocation and size" || fail "trace: prefetch named by allocation and size" "$(head -c 600 "$tmp/plan.json")"
+grep -q '"name":"gemm_bf16_128x128"' "$tmp/plan.json" && grep -q '"name":"0xdeadbeefcafef00d"' "$tmp/plan.json" && ok "trace: launches named by kernel name, else hash" || fail "trace: launches named by kernel name, else hash"
+run "$tmp/o" "$tmp/e" trace "$NOPLAN" -o "$tmp/replan.json" --budget 100% --strategy greedy
+expect_rc "trace: re-plans with --budget and --strategy" 0 $rc "$tmp/e"
+expect "trace: a plan keeping everything resident moves nothing" "$tmp/o" 'events \(7 launches, 0 prefetches, 0 write-backs; predicted 7\.855 ms, stall 0\.000 ms\)$'
+python3 "$tmp/check_trace.py" "$tmp/replan.json" 7 7.855 >"$tmp/why" 2>&1 && ok "trace: re-planned trace is well formed" || fail "trace: re-planned trace is well formed" "$(cat "$tmp/why")"
+run "$tmp/o" "$tmp/e" trace "$SMALL" -o "$tmp/b.json" --budget 128MiB
+expect "trace: --budget alone keeps the saved plan's strategy" "$tmp/e" 'planning with adaptive at budget 128 MiB'
+expect "trace: --budget alone: the new plan's prediction" "$tmp/o" 'predicted 18\.495 ms, stall 10\.640 ms\)$'
+run "$tmp/o" "$tmp/e" trace "$SMALL" -o "$tmp/inf.json" --budget 40MiB
+expect_rc "trace: an infeasible budget exits 1" 1 $rc "$tmp/e"
+expect "trace: an infeasible budget names the smallest feasible one" "$tmp/e" 'no plan within 40 MiB: the allocations in use across launch 1 need 80 MiB'
+[ ! -e "$tmp/inf.json" ] && ok "trace: nothing written on failure" || fail "trace: nothing written on failure"
+run "$tmp/o" "$tmp/e" trace "$NOPLAN" -o "$tmp/np.json"
+expect_rc "trace: no saved plan and no --budget exits 1" 1 $rc "$tmp/e"
+expect "trace: no saved plan says what to give" "$tmp/e" 'has no saved plan; give --budget SIZE'
+run "$tmp/o" "$tmp/e" trace "$SMALL" -o "$tmp/nodir/x.json"
+expect_rc "trace: an unwritable output exits 1" 1 $rc "$tmp/e"
+expect "trace: an unwritable output is named" "$tmp/e" "cannot write $tmp/nodir/x\.json: No such file or directory"
+ls "$tmp" | grep -q '\.tmp\.' && fail "trace: no temporary files left" "$(ls "$tmp")" || ok "trace: no temporary files left"
+
+# 5. usage: exit 2 with one line naming the argument; --help exits 0
+usage_case() { # NAME PATTERN ARGS...
+    local name=$1 pat=$2; shift 2
+    run "$tmp/o" "$tmp/e" "$@"
+    expect_rc "usage: $name exits 2" 2 $rc "$tmp/e"
+    expect "usage: $name says what is accepted" "$tmp/e" "$pat"
+}
+usage_case "no command" '^usage: flexshim-profile COMMAND'
+usage_case "unknown command" "unknown command 'frobnicate'" frobnicate
+usage_case "check without FILE" 'check: no profile FILE given' check
+usage_case "check with two files" "check: unexpected argument 'b': check takes one profile FILE" check a b
+usage_case "unknown option" "show: unknown option '--budget'; show accepts --help" show --budget 1GiB "$SMALL"
+usage_case "simulate without --budget" 'simulate: --budget is required' simulate "$SMALL"
+usage_case "simulate with a malformed size" "simulate: --budget '8XB' is not a size; use bytes with an optional unit .*8GiB.*60%" simulate "$SMALL" --budget 1GiB,8XB
+usage_case "simulate with a percentage over 100" "simulate: --budget '150%': a percentage of the managed bytes must be more than 0% and at most 100%" simulate "$SMALL" --budget 150%
+usage_case "simulate with an empty size" "has an empty size" simulate "$SMALL" --budget 1GiB,
+usage_case "simulate with an unknown strategy" "simulate: --strategy 'fast' is not a strategy; use one of adaptive, knapsack, greedy, global or all" simulate "$SMALL" --budget 1GiB --strategy fast
+usage_case "option without its value" 'simulate: option --budget needs a value' simulate "$SMALL" --budget
+usage_case "trace without -o" 'trace: -o OUT.json is required' trace "$SMALL"
+usage_case "trace with several budgets" "trace: --budget '1GiB,2GiB': give one size here" trace "$SMALL" -o "$tmp/x.json" --budget 1GiB,2GiB
+usage_case "trace with strategy all" "trace: --strategy 'all' is not a strategy" trace "$SMALL" -o "$tmp/x.json" --strategy all
+run "$tmp/o" "$tmp/e" simulate --budget 1GiB "$tmp/none.json"
+expect_rc "usage is checked before the file is read, then a missing file exits 1" 1 $rc "$tmp/e"
+for c in check show simulate trace; do
+    run "$tmp/o" "$tmp/e" $c --help
+    [ $rc = 0 ] && grep -q "^usage: flexshim-profile $c" "$tmp/o" && ok "$c --help exits 0 with the usage" || fail "$c --help exits 0 with the usage" "exit $rc: $(cat "$tmp/o" "$tmp/e")"
+done
+run "$tmp/o" "$tmp/e" simulate --help
+expect "simulate --help: a model, not a GPU run" "$tmp/o" 'not a run on a GPU'
+expect "simulate --help: percent of the managed bytes" "$tmp/o" "percent of the profile's managed bytes, the sum"
+run "$tmp/o" "$tmp/e" --help
+for c in check show simulate trace config; do
+    expect "usage lists $c" "$tmp/o" "^  $c "
+done
+
+echo "tools: $passed passed, $failed failed"
+[ $failed = 0 ]
