@@ -25,7 +25,7 @@
     X(cuEventCreate) X(cuEventDestroy) X(cuEventRecord) X(cuEventQuery) \
     X(cuEventSynchronize) X(cuEventElapsedTime) \
     X(cuPointerGetAttribute) X(cuPointerGetAttributes) \
-    X(cuFuncGetParamInfo) X(cuKernelGetParamInfo) X(cuFuncGetName) \
+    X(cuFuncGetParamInfo) X(cuKernelGetParamInfo) X(cuFuncGetName) X(cuKernelGetName) \
     X(cuMemcpyHtoD) X(cuMemcpyDtoH) X(cuMemsetD32)
 
 #define FS_CUPTI_FUNCS(X) \

@@ -89,6 +89,10 @@ struct fs_device_ops {
     int (*param_layout)(struct fs_device *dev, const void *func, uint32_t *offsets,
                         uint32_t *sizes, int max, int *n);
 
+    /* The name of kernel FUNC (as param_layout takes it), owned by the driver.
+     * FS_ERR_UNSUPPORTED when it cannot be told. */
+    int (*kernel_name)(struct fs_device *dev, const void *func, const char **name);
+
     /* Wait for all work on the device (every stream, the program's too). */
     int (*ctx_sync)(struct fs_device *dev);
 

@@ -540,6 +540,30 @@ static int cuda_param_layout(struct fs_device *dev, const void *func, uint32_t *
     return FS_OK;
 }
 
+/* Runtime-launched kernels are CUkernel handles (cuFuncGetName refuses them), driver-launched
+ * ones CUfunction: try both, like param_layout. */
+static int cuda_kernel_name(struct fs_device *dev, const void *func, const char **name)
+{
+    struct cuda_impl *c = impl_of(dev);
+    CUcontext prev;
+    if (!func || !name)
+        return FS_ERR_INVALID;
+    int err = ctx_enter(c, &prev);
+    if (FS_UNLIKELY(err != FS_OK))
+        return err;
+    const char *got = NULL;
+    CUresult res = fs_cuda.cuFuncGetName(&got, (CUfunction)func);
+    if (res != CUDA_SUCCESS || !got)
+        res = fs_cuda.cuKernelGetName(&got, (CUkernel)func);
+    ctx_leave(prev);
+    if (res != CUDA_SUCCESS || !got) {
+        tl_last_error = res;
+        return FS_ERR_UNSUPPORTED;
+    }
+    *name = got;
+    return FS_OK;
+}
+
 static int cuda_ctx_sync(struct fs_device *dev)
 {
     struct cuda_impl *c = impl_of(dev);
@@ -596,6 +620,7 @@ static const struct fs_device_ops cuda_ops = {
     .event_elapsed_ms = cuda_event_elapsed_ms,
     .stream_capturing = cuda_stream_capturing,
     .param_layout = cuda_param_layout,
+    .kernel_name = cuda_kernel_name,
     .ctx_sync = cuda_ctx_sync,
     .bind_thread = cuda_bind_thread,
     .last_native_error = cuda_last_native_error,

@@ -88,6 +88,7 @@ struct sim_kernel {
     const void *func;
     int n;
     uint32_t *offsets, *sizes;
+    char name[32]; /* "sim_kernel_<registration number>" */
 };
 
 /* A queued copy (va[0] = dst, va[1] = src) or kernel (va[0..nranges)). */
@@ -1009,6 +1010,19 @@ static int sim_param_layout(struct fs_device *dev, const void *func, uint32_t *o
     return sim_end(s, rc);
 }
 
+static int sim_kernel_name(struct fs_device *dev, const void *func, const char **name)
+{
+    struct sim *s = sim_of(dev);
+    if (!s || !func || !name)
+        return FS_ERR_INVALID;
+    pthread_mutex_lock(&s->lock);
+    const struct sim_kernel *k = kernel_find(s, func);
+    if (k)
+        *name = k->name; /* stable until the kernel is registered again or the device closes */
+    pthread_mutex_unlock(&s->lock);
+    return k ? FS_OK : FS_ERR_UNSUPPORTED;
+}
+
 static int sim_bind_thread(struct fs_device *dev)
 {
     return sim_of(dev) ? FS_OK : FS_ERR_INVALID;
@@ -1080,6 +1094,7 @@ static const struct fs_device_ops sim_ops = {
     .event_elapsed_ms = sim_event_elapsed_ms,
     .stream_capturing = sim_stream_capturing,
     .param_layout = sim_param_layout,
+    .kernel_name = sim_kernel_name,
     .ctx_sync = sim_ctx_sync,
     .bind_thread = sim_bind_thread,
     .last_native_error = sim_last_native_error,
@@ -1290,10 +1305,12 @@ int fs_sim_register_kernel(struct fs_device *dev, const void *func, const uint32
         mem[i] = offsets[i];
         mem[(size_t)n + 1 + (size_t)i] = sizes[i];
     }
-    struct sim_kernel k = {func, n, mem, mem + n + 1};
+    struct sim_kernel k = {func, n, mem, mem + n + 1, ""};
     pthread_mutex_lock(&s->lock);
     int rc = FS_OK;
     struct sim_kernel *old = (struct sim_kernel *)kernel_find(s, func);
+    snprintf(k.name, sizeof(k.name), "sim_kernel_%zu", old ? (size_t)(old - s->kernels)
+                                                          : s->nkernels);
     if (old) {
         free(old->offsets);
         *old = k;

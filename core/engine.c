@@ -6,6 +6,7 @@
 
 #include "fs.h"
 #include "log.h"
+#include "recorder.h"
 #include "residency.h"
 
 /* The managed address range: 1 TiB, or less if the driver refuses (halving down to 16 GiB). */
@@ -23,6 +24,7 @@ static struct {
     struct fs_device *dev;
     bool dev_injected;
     struct fs_residency res;
+    struct fs_recorder rec; /* discovery and profiling, when PROFILE_OUT is set */
     struct fs_engine_stats stats;
 } eng = {.start_lock = PTHREAD_MUTEX_INITIALIZER};
 
@@ -37,19 +39,27 @@ static void apply_log_settings(const struct fs_config *cfg)
                  file);
 }
 
-/* Settings whose phase (discovery, profiling, planning, timing report) this version does not run
- * yet: a user who sets one is told, rather than left to guess why nothing happened. */
+/* Settings whose phase this version does not run: a user who sets one is told, rather than left
+ * to guess why nothing happened. Running a plan (PROFILE) and the timing report are not
+ * implemented; discovery, profiling and planning run only to save a profile (PROFILE_OUT). */
 static void warn_inactive_settings(const struct fs_config *cfg)
 {
-    static const enum fs_param_id later[] = {FS_P_STRATEGY,        FS_P_PROFILE,
-                                             FS_P_PROFILE_OUT,     FS_P_DISCOVERY_ITERS,
-                                             FS_P_PROFILING_ITERS, FS_P_TIMING_REPORT};
-    for (size_t i = 0; i < FS_ARRAY_LEN(later); i++)
-        if (cfg->v[later[i]].src != FS_SRC_DEFAULT)
+    static const enum fs_param_id never[] = {FS_P_PROFILE, FS_P_TIMING_REPORT};
+    static const enum fs_param_id with_out[] = {FS_P_STRATEGY, FS_P_DISCOVERY_ITERS,
+                                                FS_P_PROFILING_ITERS};
+    for (size_t i = 0; i < FS_ARRAY_LEN(never); i++)
+        if (cfg->v[never[i]].src != FS_SRC_DEFAULT)
             FS_WARN("%s is set but has no effect in this version: allocations are managed "
                     "reactively (least recently used eviction, fault-in before launches); "
-                    "planning and profiles are not implemented yet",
-                    fs_param_defs[later[i]].env_name);
+                    "running a saved plan is not implemented yet",
+                    fs_param_defs[never[i]].env_name);
+    if (fs_config_str(cfg, FS_P_PROFILE_OUT)[0])
+        return;
+    for (size_t i = 0; i < FS_ARRAY_LEN(with_out); i++)
+        if (cfg->v[with_out[i]].src != FS_SRC_DEFAULT)
+            FS_WARN("%s is set but has no effect without FLEXTENSOR_PROFILE_OUT: in this version "
+                    "discovery, profiling and planning run only to save a profile",
+                    fs_param_defs[with_out[i]].env_name);
 }
 
 static const char *env_value(char *const *envp, const char *name)
@@ -174,10 +184,24 @@ static int start_locked(void)
     rc = fs_launch_init(eng.dev);
     if (rc != FS_OK)
         goto fail_res;
+    const char *out = fs_config_str(cfg, FS_P_PROFILE_OUT);
+    if (out[0]) {
+        char strategy[32];
+        struct fs_rec_config rec = {
+            .discovery_iters = (int)fs_config_u64(cfg, FS_P_DISCOVERY_ITERS),
+            .profiling_iters = (int)fs_config_u64(cfg, FS_P_PROFILING_ITERS),
+            .budget = budget,
+            .strategy = fs_config_choice(cfg, FS_P_STRATEGY, strategy, sizeof(strategy)),
+            .out_path = out,
+        };
+        rc = fs_rec_init(&eng.rec, eng.dev, &rec);
+        if (rc != FS_OK)
+            goto fail_launch;
+    }
     if (eng.tracker) {
         rc = eng.tracker();
         if (rc != FS_OK)
-            goto fail_launch; /* the tracker said why */
+            goto fail_rec; /* the tracker said why */
     }
     eng.stats.budget = budget;
     char b1[32], b2[32], b3[32];
@@ -187,6 +211,8 @@ static int start_locked(void)
     FS_INFO("managing device %d (%s, %s): budget %s for allocations of %s and more", ordinal,
             p->name, b2, b1, b3);
     return FS_OK;
+fail_rec:
+    fs_rec_destroy(&eng.rec);
 fail_launch:
     fs_launch_shutdown();
 fail_res:
@@ -244,6 +270,10 @@ int fs_engine_alloc(uint64_t size, int ordinal, uint64_t *ptr_out)
     }
     STAT_ADD(managed_allocs, 1);
     STAT_ADD(managed_bytes, size);
+    if (fs_rec_active(&eng.rec)) {
+        const struct fs_alloc *a = fs_res_lookup(&eng.res, va);
+        fs_rec_note_alloc(&eng.rec, a->id, a->size, a->mapped);
+    }
     *ptr_out = va;
     return FS_OK;
 }
@@ -298,8 +328,16 @@ void fs_engine_launch_enter(const struct fs_launch_desc *d, struct fs_launch_tic
 
 void fs_engine_launch_exit(struct fs_launch_ticket *t, bool queued)
 {
-    if (t->active)
-        fs_launch_exit(&eng.res, t, queued);
+    if (!t->active)
+        return;
+    bool record = queued && fs_rec_active(&eng.rec);
+    uint64_t orders[FS_LAUNCH_MAX_REFS];
+    int n = t->n;
+    for (int i = 0; record && i < n; i++) /* read while the launch still holds them */
+        orders[i] = t->refs[i]->id;
+    fs_launch_exit(&eng.res, t, queued);
+    if (record)
+        fs_rec_launch(&eng.rec, t->func, t->stream, orders, n);
 }
 
 void fs_engine_get_stats(struct fs_engine_stats *out)
@@ -358,6 +396,7 @@ void fs_engine_shutdown(void)
 void fs_engine_teardown(void)
 {
     if (started()) {
+        fs_rec_destroy(&eng.rec);
         fs_launch_shutdown();
         fs_res_destroy(&eng.res);
         if (!eng.dev_injected)

@@ -149,6 +149,7 @@ void fs_launch_enter(struct fs_residency *res, const struct fs_launch_desc *d,
     t->n = 0;
     t->active = false;
     t->stream = d->stream;
+    t->func = d->func;
     STAT(launches);
     bool readable = !d->unreadable;
     if (readable && d->ptrs)
@@ -168,6 +169,7 @@ void fs_launch_enter(struct fs_residency *res, const struct fs_launch_desc *d,
         if (owned)
             free((void *)l);
     }
+    t->unknown = !readable;
     if (FS_UNLIKELY(!readable)) {
         STAT(unknown);
         fs_res_note_unknown(res);

@@ -31,6 +31,8 @@ struct fs_launch_desc {
 struct fs_launch_ticket {
     uint64_t tick;
     fs_stream stream;
+    const void *func; /* the kernel, NULL for copies and memsets */
+    bool unknown;     /* parameters could not be read */
     int n;
     bool active; /* references were taken: fs_launch_exit must run */
     struct fs_alloc *refs[FS_LAUNCH_MAX_REFS];

@@ -1,6 +1,8 @@
 /* The engine's entry points (what the hooks call) on the simulated device. */
 #include "device_sim.h"
 #include "engine.h"
+#include "profile.h"
+#include "strategies/strategy.h"
 #include "test_util.h"
 
 #define MIB (1024ull * 1024ull)
@@ -180,6 +182,91 @@ static void test_allocation_failure_falls_back(void **state)
     stop(dev);
 }
 
+static const int layer_kernel, head_kernel;
+
+/* The program: 6 layers of 32 MiB weights and a head reading all activations, in a loop. */
+static void run_program(struct fs_device *dev, uint64_t *w, int nlayers, uint64_t act,
+                        int iterations)
+{
+    fs_stream s;
+    assert_int_equal(fs_sim_stream_create(dev, &s), FS_OK);
+    for (int it = 0; it < iterations; it++) {
+        for (int l = 0; l <= nlayers; l++) {
+            bool head = l == nlayers;
+            uint64_t params[2] = {head ? act : w[l], act};
+            void *argv[2] = {&params[0], &params[1]};
+            struct fs_launch_desc d = {.func = head ? &head_kernel : &layer_kernel,
+                                       .stream = s, .kernel_params = argv};
+            struct fs_launch_ticket t;
+            fs_engine_launch_enter(&d, &t);
+            fs_dptr ptrs[1] = {params[0]};
+            uint64_t sizes[1] = {64};
+            assert_int_equal(fs_sim_launch(dev, s, head ? 50000 : 100000 + 10000 * (uint64_t)l,
+                                           ptrs, sizes, 1, NULL, NULL),
+                             FS_OK);
+            fs_engine_launch_exit(&t, true);
+        }
+    }
+    assert_int_equal(dev->ops->ctx_sync(dev), FS_OK);
+    assert_int_equal(dev->ops->stream_destroy(dev, s), FS_OK);
+}
+
+static void test_profile_recorded_and_planned(void **state)
+{
+    (void)state;
+    struct fs_device *dev = open_sim();
+    uint32_t off[2] = {0, 8}, sz[2] = {8, 8};
+    fs_sim_register_kernel(dev, &layer_kernel, off, sz, 2);
+    fs_sim_register_kernel(dev, &head_kernel, off, sz, 2);
+    char path[64], out_env[128];
+    fs_test_write_file(path, sizeof(path), "");
+    unlink(path);
+    snprintf(out_env, sizeof(out_env), "FLEXTENSOR_PROFILE_OUT=%s", path);
+    char *envp[] = {"FLEXTENSOR_CONFIG=", "FLEXTENSOR_GPU_MEMORY_LIMIT=128MiB",
+                    "FLEXTENSOR_PROFILING_ITERS=3", "FLEXTENSOR_STRATEGY=global", out_env, NULL};
+    start(dev, envp);
+    enum { L = 6 };
+    uint64_t w[L], act;
+    assert_int_equal(fs_engine_alloc(16 * MIB, 0, &act), FS_OK);
+    for (int l = 0; l < L; l++)
+        assert_int_equal(fs_engine_alloc(32 * MIB, 0, &w[l]), FS_OK);
+    run_program(dev, w, L, act, 200); /* 1400 launches: discovery looks every 1024 */
+
+    struct fs_profile p;
+    char err[512] = "";
+    assert_int_equal(fs_profile_load(path, &p, err, sizeof(err)), FS_OK);
+    assert_int_equal(p.nlaunches, L + 1);
+    assert_int_equal(p.nallocs, L + 1);
+    assert_string_equal(p.device_name, "flexshim simulated device");
+    /* The iteration starts where the program's does (no pauses here: any rotation is one
+     * iteration), and each launch kept its kernel and its references. */
+    int heads = 0;
+    for (int i = 0; i < p.nlaunches; i++) {
+        const char *name = p.kernel_names[i];
+        assert_non_null(name);
+        bool head = strcmp(name, "sim_kernel_1") == 0;
+        heads += head;
+        assert_int_equal(p.launches[i].nrefs, head ? 1 : 2);
+        /* Back-to-back kernels on one stream: the time between two is the kernel's own. */
+        if (head)
+            assert_true(p.launches[i].duration_us > 49.0 && p.launches[i].duration_us < 51.0);
+        else
+            assert_true(p.launches[i].duration_us >= 99.0);
+    }
+    assert_int_equal(heads, 1);
+    assert_int_equal(p.allocs[0].mapped, 16 * MIB);
+    assert_true(p.allocs[1].first_use >= 0);
+    /* The plan: made by the configured strategy for the budget, and valid. */
+    assert_string_equal(p.plan.strategy, "global");
+    assert_int_equal(p.plan.budget, 128 * MIB);
+    assert_true(p.plan.peak_bytes <= 128 * MIB);
+    assert_int_equal(fs_plan_evaluate(&p, &p.plan), FS_OK);
+    assert_true(p.bw.h2d_bytes_per_us > 0);
+    fs_profile_free(&p);
+    unlink(path);
+    stop(dev);
+}
+
 int main(void)
 {
     const struct CMUnitTest tests[] = {
@@ -191,6 +278,7 @@ int main(void)
         cmocka_unit_test(test_disabled_and_misconfigured_engine_manages_nothing),
         cmocka_unit_test(test_no_launch_tracking_means_unmanaged),
         cmocka_unit_test(test_allocation_failure_falls_back),
+        cmocka_unit_test(test_profile_recorded_and_planned),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }

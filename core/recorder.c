@@ -1,0 +1,498 @@
+#include "recorder.h"
+
+#include <fcntl.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <time.h>
+#include <unistd.h>
+
+#include "log.h"
+#include "phys_pool.h"
+#include "strategies/strategy.h"
+
+/* Launches kept while looking for the iteration; older ones are dropped. */
+#define DISCOVERY_WINDOW (1 << 18)
+/* How often (in launches) discovery looks for the iteration. */
+#define DETECT_EVERY 1024
+/* Signature of copies and memsets (no kernel). */
+#define SIG_COPY 1ull
+
+static uint64_t now_ns(void)
+{
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return (uint64_t)ts.tv_sec * 1000000000ull + (uint64_t)ts.tv_nsec;
+}
+
+/* Grow *ARR (element size ELEM) to hold NEED elements. */
+static bool grow(void **arr, int *cap, int need, size_t elem)
+{
+    if (need <= *cap)
+        return true;
+    int c = *cap ? *cap : 64;
+    while (c < need)
+        c *= 2;
+    void *p = realloc(*arr, (size_t)c * elem);
+    if (!p)
+        return false;
+    *arr = p;
+    *cap = c;
+    return true;
+}
+
+int fs_rec_init(struct fs_recorder *r, struct fs_device *dev, const struct fs_rec_config *cfg)
+{
+    memset(r, 0, sizeof(*r));
+    r->dev = dev;
+    r->discovery_iters = cfg->discovery_iters < 1 ? 1 : cfg->discovery_iters;
+    r->profiling_iters = cfg->profiling_iters < 0 ? 0 : cfg->profiling_iters;
+    r->budget = cfg->budget;
+    snprintf(r->strategy, sizeof(r->strategy), "%s", cfg->strategy ? cfg->strategy : "adaptive");
+    snprintf(r->out_path, sizeof(r->out_path), "%s", cfg->out_path ? cfg->out_path : "");
+    int rc = fs_iter_init(&r->det, DISCOVERY_WINDOW);
+    if (rc != FS_OK)
+        return rc;
+    pthread_mutex_init(&r->lock, NULL);
+    __atomic_store_n(&r->phase, FS_REC_DISCOVERY, __ATOMIC_RELEASE);
+    return FS_OK;
+}
+
+static void free_events(struct fs_recorder *r)
+{
+    if (!r->events)
+        return;
+    for (int i = 0; i < r->period * r->profiling_iters; i++)
+        if (r->events[i])
+            fs_dev_call(r->dev, event_destroy, r->events[i]);
+    free(r->events);
+    r->events = NULL;
+}
+
+void fs_rec_destroy(struct fs_recorder *r)
+{
+    if (!r->dev)
+        return;
+    free_events(r);
+    fs_iter_destroy(&r->det);
+    free(r->launches);
+    free(r->refs);
+    free(r->tmpl);
+    free(r->tmpl_refs);
+    free(r->alloc_size);
+    free(r->alloc_mapped);
+    for (int i = 0; i < r->nnames; i++)
+        free(r->names[i].name);
+    free(r->names);
+    pthread_mutex_destroy(&r->lock);
+    memset(r, 0, sizeof(*r));
+}
+
+void fs_rec_note_alloc(struct fs_recorder *r, uint64_t order, uint64_t size, uint64_t mapped)
+{
+    pthread_mutex_lock(&r->lock);
+    int need = (int)order + 1;
+    if (grow((void **)&r->alloc_size, &r->cap_allocs, need, sizeof(uint64_t))) {
+        int cap = r->cap_allocs;
+        uint64_t *m = realloc(r->alloc_mapped, (size_t)cap * sizeof(uint64_t));
+        if (m) {
+            r->alloc_mapped = m;
+            for (int i = r->nallocs; i < need; i++)
+                r->alloc_size[i] = r->alloc_mapped[i] = 0;
+            r->alloc_size[order] = size;
+            r->alloc_mapped[order] = mapped;
+            if (need > r->nallocs)
+                r->nallocs = need;
+        }
+    }
+    pthread_mutex_unlock(&r->lock);
+}
+
+/* The signature of FUNC: the hash of its name, so it is the same in the next run (lock held). */
+static uint64_t signature(struct fs_recorder *r, const void *func)
+{
+    if (!func)
+        return SIG_COPY;
+    for (int i = 0; i < r->nnames; i++)
+        if (r->names[i].func == func)
+            return r->names[i].sig;
+    const char *name = NULL;
+    char fallback[32];
+    if (fs_dev_call(r->dev, kernel_name, func, &name) != FS_OK || !name) {
+        snprintf(fallback, sizeof(fallback), "kernel@%p", func); /* this run only */
+        name = fallback;
+    }
+    uint64_t sig = fs_iter_hash_name(name);
+    if (grow((void **)&r->names, &r->cap_names, r->nnames + 1, sizeof(*r->names))) {
+        r->names[r->nnames] = (struct fs_rec_name){func, sig, strdup(name)};
+        r->nnames++;
+    }
+    return sig;
+}
+
+static const char *name_of(const struct fs_recorder *r, const void *func)
+{
+    for (int i = 0; i < r->nnames; i++)
+        if (r->names[i].func == func)
+            return r->names[i].name;
+    return NULL;
+}
+
+static void reset_discovery(struct fs_recorder *r)
+{
+    free_events(r);
+    free(r->tmpl);
+    free(r->tmpl_refs);
+    r->tmpl = NULL;
+    r->tmpl_refs = NULL;
+    r->period = r->pos = r->iters_timed = 0;
+    r->counting = false;
+    r->nlaunches = r->nrefs = 0;
+    r->det.n = 0;
+    __atomic_store_n(&r->phase, FS_REC_DISCOVERY, __ATOMIC_RELEASE);
+}
+
+/* The iteration was found: keep launches [START, START + PERIOD) as the template (lock held). */
+static int begin_profiling(struct fs_recorder *r, int start, int period, int n_in_buffer)
+{
+    /* The detector may have dropped old launches; its buffer holds the newest ones, as ours. */
+    int offset = r->nlaunches - n_in_buffer;
+    start += offset;
+    int nrefs = 0;
+    for (int i = start; i < start + period; i++)
+        nrefs += r->launches[i].nrefs;
+    r->tmpl = malloc((size_t)period * sizeof(*r->tmpl));
+    r->tmpl_refs = malloc(((size_t)nrefs + 1) * sizeof(*r->tmpl_refs));
+    r->events = calloc((size_t)period * (size_t)(r->profiling_iters ? r->profiling_iters : 1),
+                       sizeof(*r->events));
+    if (!r->tmpl || !r->tmpl_refs || !r->events)
+        return FS_ERR_NOMEM;
+    int k = 0;
+    for (int i = 0; i < period; i++) {
+        struct fs_rec_launch l = r->launches[start + i];
+        memcpy(&r->tmpl_refs[k], &r->refs[l.ref_start], (size_t)l.nrefs * sizeof(uint64_t));
+        l.ref_start = k;
+        k += l.nrefs;
+        r->tmpl[i] = l;
+    }
+    r->period = period;
+    r->pos = (r->nlaunches - start) % period; /* where the program is now */
+    r->counting = r->pos == 0;
+    r->iters_timed = 0;
+    FS_INFO("discovery: an iteration of %d launches, seen %d times after %d launches", period,
+            (r->nlaunches - start) / period, r->nlaunches);
+    __atomic_store_n(&r->phase, FS_REC_PROFILING, __ATOMIC_RELEASE);
+    return FS_OK;
+}
+
+static int cmp_double(const void *a, const void *b)
+{
+    double x = *(const double *)a, y = *(const double *)b;
+    return (x > y) - (x < y);
+}
+
+/* Median time of each launch since the previous launch on its stream (lock held). */
+static void launch_durations(struct fs_recorder *r, double *dur_us)
+{
+    int P = r->period, I = r->iters_timed;
+    double *samples = malloc(((size_t)I + 1) * sizeof(double));
+    for (int i = 0; i < P; i++) {
+        int ns = 0;
+        for (int it = 0; it < I && samples; it++) {
+            /* The previous launch on the same stream, possibly in the previous iteration. */
+            int idx = it * P + i, prev = -1;
+            for (int j = idx - 1; j >= 0 && j >= idx - P; j--)
+                if (r->tmpl[j % P].stream == r->tmpl[i].stream) {
+                    prev = j;
+                    break;
+                }
+            float ms;
+            if (prev < 0 ||
+                fs_dev_call(r->dev, event_elapsed_ms, r->events[prev], r->events[idx], &ms) !=
+                    FS_OK)
+                continue;
+            samples[ns++] = ms * 1000.0;
+        }
+        if (ns == 0) {
+            dur_us[i] = 0;
+            continue;
+        }
+        qsort(samples, (size_t)ns, sizeof(double), cmp_double);
+        dur_us[i] = ns % 2 ? samples[ns / 2] : (samples[ns / 2 - 1] + samples[ns / 2]) / 2;
+    }
+    free(samples);
+}
+
+/* The program's command line, for show. */
+static void read_program(char *buf, size_t len)
+{
+    buf[0] = '\0';
+    int fd = open("/proc/self/cmdline", O_RDONLY | O_CLOEXEC);
+    if (fd < 0)
+        return;
+    ssize_t n = read(fd, buf, len - 1);
+    close(fd);
+    if (n <= 0)
+        return;
+    for (ssize_t i = 0; i < n - 1; i++)
+        if (buf[i] == '\0')
+            buf[i] = ' ';
+    buf[n] = '\0';
+}
+
+int fs_rec_build_profile(struct fs_recorder *r, struct fs_profile *p)
+{
+    memset(p, 0, sizeof(*p));
+    int P = r->period;
+    if (P == 0)
+        return FS_ERR_INVALID;
+    p->version = FS_PROFILE_SCHEMA_VERSION;
+    const struct fs_device_props *dp = &r->dev->props;
+    snprintf(p->device_name, sizeof(p->device_name), "%s", dp->name);
+    p->cc_major = dp->cc_major;
+    p->cc_minor = dp->cc_minor;
+    p->device_total = dp->total_bytes;
+    read_program(p->program, sizeof(p->program));
+    p->nallocs = r->nallocs;
+    p->allocs = calloc((size_t)r->nallocs + 1, sizeof(*p->allocs));
+    p->nlaunches = P;
+    p->launches = calloc((size_t)P, sizeof(*p->launches));
+    p->kernel_names = calloc((size_t)P, sizeof(char *));
+    int total_refs = 0;
+    for (int i = 0; i < P; i++)
+        total_refs += r->tmpl[i].nrefs;
+    p->refs = malloc(((size_t)total_refs + 1) * sizeof(int));
+    double *dur = calloc((size_t)P, sizeof(double));
+    if (!p->allocs || !p->launches || !p->kernel_names || !p->refs || !dur) {
+        free(dur);
+        fs_profile_free(p);
+        return FS_ERR_NOMEM;
+    }
+    for (int a = 0; a < r->nallocs; a++)
+        p->allocs[a] = (struct fs_prof_alloc){(uint64_t)a, r->alloc_size[a], r->alloc_mapped[a],
+                                              -1, -1};
+    if (r->iters_timed > 0)
+        launch_durations(r, dur);
+    uint32_t stream_ids[64];
+    fs_stream streams[64];
+    int nstreams = 0;
+    int k = 0;
+    for (int i = 0; i < P; i++) {
+        const struct fs_rec_launch *l = &r->tmpl[i];
+        int sid = 0;
+        while (sid < nstreams && streams[sid] != l->stream)
+            sid++;
+        if (sid == nstreams && nstreams < 64) {
+            streams[nstreams] = l->stream;
+            stream_ids[nstreams] = (uint32_t)nstreams;
+            nstreams++;
+        }
+        struct fs_prof_launch *pl = &p->launches[i];
+        pl->kernel = l->sig;
+        pl->stream = sid < nstreams ? stream_ids[sid] : 63;
+        pl->duration_us = dur[i];
+        pl->ref_start = k;
+        const char *name = l->func ? name_of(r, l->func) : "memcpy/memset";
+        p->kernel_names[i] = name ? strdup(name) : NULL;
+        for (int j = 0; j < l->nrefs; j++) {
+            uint64_t order = r->tmpl_refs[l->ref_start + j];
+            if (order >= (uint64_t)r->nallocs)
+                continue; /* an allocation this recorder never saw made (should not happen) */
+            int a = (int)order;
+            p->refs[k++] = a;
+            if (p->allocs[a].first_use < 0)
+                p->allocs[a].first_use = i;
+            p->allocs[a].last_use = i;
+        }
+        pl->nrefs = k - pl->ref_start;
+    }
+    p->nrefs = k;
+    free(dur);
+    return FS_OK;
+}
+
+/* Median of three timed copies of BYTES on STREAM from SRC to DST, in microseconds. */
+static int time_copy(struct fs_device *dev, fs_stream s, fs_event e0, fs_event e1, fs_dptr dst,
+                     fs_dptr src, uint64_t bytes, double *us)
+{
+    double t[3];
+    for (int i = 0; i < 3; i++) {
+        float ms = 0;
+        int rc = fs_dev_call(dev, event_record, e0, s);
+        if (rc == FS_OK)
+            rc = fs_dev_call(dev, copy_async, dst, src, bytes, s);
+        if (rc == FS_OK)
+            rc = fs_dev_call(dev, event_record, e1, s);
+        if (rc == FS_OK)
+            rc = fs_dev_call(dev, event_sync, e1);
+        if (rc == FS_OK)
+            rc = fs_dev_call(dev, event_elapsed_ms, e0, e1, &ms);
+        if (rc != FS_OK)
+            return rc;
+        t[i] = ms * 1000.0;
+    }
+    qsort(t, 3, sizeof(double), cmp_double);
+    *us = t[1];
+    return FS_OK;
+}
+
+int fs_rec_measure_link(struct fs_device *dev, struct fs_bw_model *bw)
+{
+    static const uint64_t sizes[2] = {8ull << 20, 64ull << 20};
+    struct fs_block *h = NULL, *d = NULL;
+    fs_stream s = NULL;
+    fs_event e0 = NULL, e1 = NULL;
+    memset(bw, 0, sizeof(*bw));
+    int rc = fs_phys_block_create(dev, FS_LOC_HOST, sizes[1], &h);
+    if (rc == FS_OK)
+        rc = fs_phys_block_create(dev, FS_LOC_DEVICE, sizes[1], &d);
+    if (rc == FS_OK)
+        rc = fs_dev_call(dev, stream_create, &s);
+    if (rc == FS_OK)
+        rc = fs_dev_call(dev, event_create, true, &e0);
+    if (rc == FS_OK)
+        rc = fs_dev_call(dev, event_create, true, &e1);
+    bw->points = calloc(2, sizeof(*bw->points));
+    if (rc == FS_OK && !bw->points)
+        rc = FS_ERR_NOMEM;
+    for (int i = 0; i < 2 && rc == FS_OK; i++) {
+        bw->points[i].bytes = sizes[i];
+        rc = time_copy(dev, s, e0, e1, d->copy_va, h->copy_va, sizes[i], &bw->points[i].h2d_us);
+        if (rc == FS_OK)
+            rc = time_copy(dev, s, e0, e1, h->copy_va, d->copy_va, sizes[i],
+                           &bw->points[i].d2h_us);
+    }
+    if (rc == FS_OK) {
+        bw->npoints = 2;
+        double db = (double)(sizes[1] - sizes[0]);
+        double dh = bw->points[1].h2d_us - bw->points[0].h2d_us;
+        double dd = bw->points[1].d2h_us - bw->points[0].d2h_us;
+        bw->h2d_bytes_per_us = dh > 0 ? db / dh : 0;
+        bw->d2h_bytes_per_us = dd > 0 ? db / dd : 0;
+        bw->h2d_latency_us = bw->h2d_bytes_per_us > 0
+                                 ? bw->points[0].h2d_us - (double)sizes[0] / bw->h2d_bytes_per_us
+                                 : 0;
+        bw->d2h_latency_us = bw->d2h_bytes_per_us > 0
+                                 ? bw->points[0].d2h_us - (double)sizes[0] / bw->d2h_bytes_per_us
+                                 : 0;
+        if (bw->h2d_latency_us < 0)
+            bw->h2d_latency_us = 0;
+        if (bw->d2h_latency_us < 0)
+            bw->d2h_latency_us = 0;
+    } else {
+        free(bw->points);
+        memset(bw, 0, sizeof(*bw)); /* the strategies then assume the measured PCIe default */
+    }
+    if (e1)
+        fs_dev_call(dev, event_destroy, e1);
+    if (e0)
+        fs_dev_call(dev, event_destroy, e0);
+    if (s)
+        fs_dev_call(dev, stream_destroy, s);
+    struct fs_phys_pool scratch;
+    fs_phys_pool_init(&scratch, dev, FS_LOC_DEVICE); /* releases the blocks through a pool */
+    if (d)
+        fs_phys_pool_put(&scratch, d);
+    if (h)
+        fs_phys_pool_put(&scratch, h);
+    fs_phys_pool_destroy(&scratch);
+    return rc;
+}
+
+/* Profiling is over: measure the link, plan, save (lock held). */
+static void finish(struct fs_recorder *r)
+{
+    struct fs_profile p;
+    __atomic_store_n(&r->phase, FS_REC_DONE, __ATOMIC_RELEASE);
+    if (r->profiling_iters > 0 && fs_dev_call(r->dev, ctx_sync) != FS_OK) {
+        FS_WARN("profiling: cannot synchronize to read the kernel timings; no profile saved");
+        return;
+    }
+    int rc = fs_rec_build_profile(r, &p);
+    if (rc != FS_OK) {
+        FS_WARN("profiling: building the profile failed (%s); no profile saved", fs_err_str(rc));
+        return;
+    }
+    if (fs_rec_measure_link(r->dev, &p.bw) != FS_OK)
+        FS_WARN("profiling: measuring the host-to-device link failed; the plan assumes 55 GB/s");
+    const struct fs_strategy *st = fs_strategy_find(r->strategy);
+    rc = st ? st->plan(&p, r->budget, &p.plan) : FS_ERR_INVALID;
+    if (rc != FS_OK)
+        FS_WARN("planning with %s for a budget of %llu bytes failed (%s); the profile is saved "
+                "without a plan", r->strategy, (unsigned long long)r->budget, fs_err_str(rc));
+    else
+        FS_INFO("plan (%s): predicted %.3f ms per iteration, %.3f ms of it waiting for "
+                "transfers, peak %llu MiB", p.plan.strategy, p.plan.predicted_us / 1000,
+                p.plan.predicted_stall_us / 1000, (unsigned long long)(p.plan.peak_bytes >> 20));
+    if (r->out_path[0]) {
+        char err[512];
+        if (fs_profile_save(r->out_path, &p, err, sizeof(err)) == FS_OK)
+            FS_INFO("profile saved to %s: %d launches per iteration, %d allocations",
+                    r->out_path, p.nlaunches, p.nallocs);
+        else
+            FS_ERROR("%s", err);
+    }
+    fs_profile_free(&p);
+    free_events(r);
+}
+
+void fs_rec_launch(struct fs_recorder *r, const void *func, fs_stream stream,
+                   const uint64_t *orders, int n)
+{
+    pthread_mutex_lock(&r->lock);
+    int phase = __atomic_load_n(&r->phase, __ATOMIC_ACQUIRE);
+    uint64_t sig = phase == FS_REC_DONE ? 0 : signature(r, func);
+    if (phase == FS_REC_DISCOVERY) {
+        if (r->nlaunches == DISCOVERY_WINDOW) { /* keep the newer half, like the detector */
+            int keep = DISCOVERY_WINDOW / 2, drop = r->nlaunches - keep;
+            int ref_drop = r->launches[drop].ref_start;
+            memmove(r->refs, r->refs + ref_drop, (size_t)(r->nrefs - ref_drop) * sizeof(*r->refs));
+            r->nrefs -= ref_drop;
+            memmove(r->launches, r->launches + drop, (size_t)keep * sizeof(*r->launches));
+            for (int i = 0; i < keep; i++)
+                r->launches[i].ref_start -= ref_drop;
+            r->nlaunches = keep;
+        }
+        if (grow((void **)&r->launches, &r->cap_launches, r->nlaunches + 1, sizeof(*r->launches)) &&
+            grow((void **)&r->refs, &r->cap_refs, r->nrefs + n, sizeof(*r->refs))) {
+            memcpy(&r->refs[r->nrefs], orders, (size_t)n * sizeof(*orders));
+            r->launches[r->nlaunches++] = (struct fs_rec_launch){sig, stream, func, n, r->nrefs};
+            r->nrefs += n;
+            fs_iter_push(&r->det, sig, now_ns());
+        }
+        if (r->nlaunches % DETECT_EVERY == 0) {
+            struct fs_iter_result it;
+            fs_iter_detect(&r->det, 2, r->discovery_iters + 1, &it);
+            if (it.period > 0 && begin_profiling(r, it.start, it.period, r->det.n) != FS_OK) {
+                FS_WARN("discovery: out of host memory; no profile is recorded");
+                __atomic_store_n(&r->phase, FS_REC_DONE, __ATOMIC_RELEASE);
+            }
+            if (it.period > 0 && r->profiling_iters == 0 && fs_rec_active(r))
+                finish(r);
+        }
+    } else if (phase == FS_REC_PROFILING) {
+        if (sig != r->tmpl[r->pos].sig || stream != r->tmpl[r->pos].stream) {
+            r->departures++;
+            FS_DEBUG("profiling: launch %d of the iteration differs from discovery; discovering "
+                     "again", r->pos);
+            reset_discovery(r);
+        } else {
+            if (r->counting) {
+                fs_event *ev = &r->events[r->iters_timed * r->period + r->pos];
+                if (!*ev && fs_dev_call(r->dev, event_create, true, ev) != FS_OK)
+                    *ev = NULL;
+                if (*ev)
+                    fs_dev_call(r->dev, event_record, *ev, stream);
+            }
+            if (++r->pos == r->period) {
+                r->pos = 0;
+                if (r->counting)
+                    r->iters_timed++;
+                r->counting = true;
+                if (r->iters_timed >= r->profiling_iters)
+                    finish(r);
+            }
+        }
+    }
+    pthread_mutex_unlock(&r->lock);
+}

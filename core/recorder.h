@@ -1,0 +1,100 @@
+/* The recorder: discovery and profiling, turned into a saved profile with a plan.
+ *
+ * Discovery records every launch (kernel, stream, the managed allocations it references) and the
+ * sequence of managed allocations, until the iteration detector (iteration.h) finds the program's
+ * iteration repeated DISCOVERY_ITERS + 1 times. Profiling then follows the iteration for
+ * PROFILING_ITERS more passes, recording a timing event after each launch, and keeps per launch
+ * the median time between it and the previous launch on its stream (what the GPU spends on it,
+ * and so the compute a transfer can hide behind). A launch sequence that departs from the
+ * recorded iteration sends the recorder back to discovery (counted). When profiling is done the
+ * link is measured, the configured strategy plans the iteration for the budget, and the profile is
+ * written to PROFILE_OUT.
+ *
+ * This version records and plans; running the plan (prefetch ahead of use) is not implemented
+ * yet, so the program keeps running in reactive mode. */
+#ifndef FS_RECORDER_H
+#define FS_RECORDER_H
+
+#include <pthread.h>
+#include <stdbool.h>
+#include <stdint.h>
+
+#include "device.h"
+#include "iteration.h"
+#include "profile.h"
+
+enum fs_rec_phase { FS_REC_OFF, FS_REC_DISCOVERY, FS_REC_PROFILING, FS_REC_DONE };
+
+struct fs_rec_launch {
+    uint64_t sig;
+    fs_stream stream;
+    const void *func;
+    int nrefs, ref_start;
+};
+
+struct fs_rec_name {
+    const void *func;
+    uint64_t sig;
+    char *name;
+};
+
+struct fs_recorder {
+    struct fs_device *dev;
+    pthread_mutex_t lock;
+    int phase; /* enum fs_rec_phase, atomic */
+    int discovery_iters, profiling_iters;
+    uint64_t budget;
+    char strategy[32];
+    char out_path[4096];
+    /* discovery */
+    struct fs_iter_detector det;
+    struct fs_rec_launch *launches;
+    int nlaunches, cap_launches;
+    uint64_t *refs;
+    int nrefs, cap_refs;
+    /* the iteration being profiled */
+    struct fs_rec_launch *tmpl;
+    uint64_t *tmpl_refs;
+    int period, pos, iters_timed;
+    bool counting; /* pos reached 0 since profiling began */
+    fs_event *events; /* period * profiling_iters */
+    /* allocations in order */
+    uint64_t *alloc_size, *alloc_mapped;
+    int nallocs, cap_allocs;
+    /* kernel names by function */
+    struct fs_rec_name *names;
+    int nnames, cap_names;
+    uint64_t departures;
+};
+
+struct fs_rec_config {
+    int discovery_iters, profiling_iters;
+    uint64_t budget;
+    const char *strategy;
+    const char *out_path; /* where the profile is saved */
+};
+
+int fs_rec_init(struct fs_recorder *r, struct fs_device *dev, const struct fs_rec_config *cfg);
+void fs_rec_destroy(struct fs_recorder *r);
+
+static inline bool fs_rec_active(const struct fs_recorder *r)
+{
+    int phase = __atomic_load_n(&r->phase, __ATOMIC_ACQUIRE);
+    return phase == FS_REC_DISCOVERY || phase == FS_REC_PROFILING;
+}
+
+/* A managed allocation was made (ORDER counts from 0 in allocation order). */
+void fs_rec_note_alloc(struct fs_recorder *r, uint64_t order, uint64_t size, uint64_t mapped);
+
+/* A launch was queued: FUNC (NULL for copies), STREAM, and the allocation orders it referenced. */
+void fs_rec_launch(struct fs_recorder *r, const void *func, fs_stream stream,
+                   const uint64_t *orders, int n);
+
+/* Build the profile recorded so far (used by fs_rec_launch when profiling ends; exposed for
+ * tests). Durations are left 0 when no iteration was timed. */
+int fs_rec_build_profile(struct fs_recorder *r, struct fs_profile *out);
+
+/* Measure the link with a host and a device block (fills BW). */
+int fs_rec_measure_link(struct fs_device *dev, struct fs_bw_model *bw);
+
+#endif
