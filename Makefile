@@ -23,7 +23,7 @@ CORE_SRC  := $(sort $(wildcard core/*.c) $(wildcard strategies/*.c))
 SHIM_SRC  := $(sort $(wildcard shim/*.c))
 CORE_OBJ  := $(CORE_SRC:%.c=$(BUILD)/%.o)
 SHIM_OBJ  := $(SHIM_SRC:%.c=$(BUILD)/%.o)
-TOOL_OBJ  := $(BUILD)/tools/flexshim-profile.o
+TOOL_OBJ  := $(BUILD)/tools/flexshim-profile.o $(BUILD)/tools/record.o
 
 UNIT_SRC  := $(sort $(wildcard tests/unit/test_*.c))
 UNIT_BIN  := $(UNIT_SRC:tests/unit/%.c=$(BUILD)/tests/%)
@@ -44,7 +44,7 @@ deps:
 .PHONY: deps demo all test test-unit test-preload test-tools test-asan test-valgrind dist install clean gpu-build
 all: $(LIB) $(TOOL) $(SIMDEMO)
 
-$(BUILD)/%.o: %.c $(wildcard core/*.h shim/*.h strategies/*.h)
+$(BUILD)/%.o: %.c $(wildcard core/*.h shim/*.h strategies/*.h tools/*.h)
 	@mkdir -p $(@D)
 	$(CC) $(CFLAGS) -c $< -o $@
 

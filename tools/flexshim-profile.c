@@ -1,6 +1,7 @@
 /* flexshim-profile: the command-line companion of libflexshim.so.
  *
  *   config    show or validate the configuration
+ *   record    run a command under the shim and save its profile (tools/record.c)
  *   check     validate a profile (one line)
  *   show      a readable summary of a profile and its plan
  *   simulate  plan a profile under budgets with each strategy, through the timeline model
@@ -25,6 +26,7 @@
 #include "flexshim.h"
 #include "fs.h"
 #include "profile.h"
+#include "record.h"
 #include "strategies/strategy.h"
 
 extern char **environ;
@@ -556,6 +558,8 @@ static void simulate_help(FILE *out);
 static void trace_help(FILE *out);
 
 static const struct command commands[] = {
+    {"record", "[-o FILE] -- COMMAND...", "run a command under the shim and save its profile",
+     fs_tool_record, fs_tool_record_help},
     {"check", "FILE", "validate a profile; one line", check_run, check_help},
     {"show", "FILE", "a readable summary of a profile and its plan", show_run, show_help},
     {"simulate", "FILE --budget SIZE[,SIZE...] [--strategy NAME|all]",

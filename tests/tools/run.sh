@@ -226,5 +226,21 @@ for c in check show simulate trace config; do
     expect "usage lists $c" "$tmp/o" "^  $c "
 done
 
+# Under the sanitizer build the shim needs the ASan runtime preloaded first in the child.
+asan_preload=
+[ "${SAN:-}" = 1 ] && asan_preload="$(${CC:-gcc} -print-file-name=libasan.so)"
+# record: usage errors, and a program whose iteration is never found (no GPU here) writes no
+# profile and says what to do.
+"$TOOL" record -o "$tmp/r.json" >"$tmp/o" 2>&1; rc=$?
+expect_rc "record: no command exits 2" 2 $rc "$tmp/o"
+"$TOOL" record --lib /nonexistent/libflexshim.so -- true >"$tmp/o" 2>&1; rc=$?
+expect_rc "record: a missing --lib exits 2" 2 $rc "$tmp/o"
+(cd "$tmp" && env -u FLEXTENSOR_LOG_LEVEL FLEXTENSOR_CONFIG= LD_PRELOAD="$asan_preload" "$TOOL" record -o r.json -- true) >"$tmp/o" 2>&1; rc=$?
+expect_rc "record: no profile written exits 1" 1 $rc "$tmp/o"
+expect "record: says no profile was written" "$tmp/o" 'no profile was written \(the command exited 0\)'
+expect "record: preloads the library beside the tool" "$tmp/o" "running true with .*/libflexshim.so; profile: $tmp/r.json"
+(cd "$tmp" && FLEXTENSOR_CONFIG= LD_PRELOAD="$asan_preload" "$TOOL" record -- false) >"$tmp/o" 2>&1; rc=$?
+expect_rc "record: the command's exit code is kept" 1 $rc "$tmp/o"
+
 echo "tools: $passed passed, $failed failed"
 [ $failed = 0 ]
