@@ -42,16 +42,37 @@ FS_EXPORT cudaError_t cudaMalloc(void **devPtr, size_t size)
 FS_EXPORT cudaError_t cudaMallocPitch(void **devPtr, size_t *pitch, size_t width, size_t height)
 {
     __typeof__(&cudaMallocPitch) real = FS_CUDART(cudaMallocPitch);
-    if (!real)
+    __typeof__(&cudaFree) real_free = FS_CUDART(cudaFree);
+    if (!real || !real_free)
         return fs_hook_missing_real("cudaMallocPitch");
-    if (fs_hook_enter() || !devPtr || !pitch) {
+    uint64_t min = fs_config_u64(fs_engine_config(), FS_P_MIN_OFFLOAD_BYTES);
+    if (fs_hook_enter() || !devPtr || !pitch || width == 0 || height == 0 ||
+        !fs_engine_active() || (uint64_t)width * height < min) {
+        cudaError_t direct = real(devPtr, pitch, width, height);
+        if (direct == cudaSuccess && fs_hook_depth == 1)
+            fs_engine_note_passthrough((uint64_t)*pitch * height);
         fs_hook_leave();
-        return real(devPtr, pitch, width, height);
+        return direct;
     }
-    /* Pitched allocations are not managed: CUDA chooses the pitch (they are rare and small). */
-    cudaError_t res = real(devPtr, pitch, width, height);
-    if (res == cudaSuccess)
-        fs_engine_note_passthrough((uint64_t)*pitch * height);
+    /* CUDA chooses the pitch: learn it from a one-row allocation, then manage pitch x height
+     * like any allocation. Pitched allocations are rare, so the extra call does not matter. */
+    void *probe = NULL;
+    size_t p = 0;
+    cudaError_t res = real(&probe, &p, width, 1);
+    if (res == cudaSuccess) {
+        real_free(probe);
+        uint64_t ptr = 0;
+        int rc = fs_engine_alloc((uint64_t)p * height, current_device(), &ptr);
+        if (rc == FS_OK) {
+            *devPtr = (void *)(uintptr_t)ptr;
+            *pitch = p;
+            fs_hook_leave();
+            return cudaSuccess;
+        }
+        res = real(devPtr, pitch, width, height);
+        if (res == cudaSuccess)
+            fs_engine_note_passthrough((uint64_t)*pitch * height);
+    }
     fs_hook_leave();
     return res;
 }
