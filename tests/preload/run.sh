@@ -11,17 +11,10 @@ PRELOAD=$LIB
 if [ "${SAN:-}" = 1 ]; then
     # The sanitizer runtime must come first in a process whose main program is not instrumented.
     PRELOAD="$(${CC:-gcc} -print-file-name=libasan.so):$LIB"
-    export ASAN_OPTIONS=${ASAN_OPTIONS:-detect_leaks=1}
 fi
-tmp=$(mktemp -d /tmp/flexshim-preload.XXXXXX)
-trap 'rm -rf "$tmp"' EXIT
-passed=0; failed=0
+NAME=preload
+. "$PWD/tests/check.sh"
 
-ok()   { passed=$((passed + 1)); echo "ok   $1"; }
-fail() { failed=$((failed + 1)); echo "FAIL $1"; [ -n "${2:-}" ] && printf '     %s\n' "$2"; }
-# expect NAME FILE PATTERN: FILE must contain the extended regex PATTERN
-expect() { if grep -Eq -- "$3" "$2"; then ok "$1"; else fail "$1" "no /$3/ in: $(head -c 600 "$2")"; fi; }
-expect_not() { if grep -Eq -- "$3" "$2"; then fail "$1" "unexpected /$3/ in: $(head -c 600 "$2")"; else ok "$1"; fi; }
 
 # Run the program with a clean FLEXTENSOR_* environment plus the given assignments.
 run_prog() { # run_prog OUTFILE [VAR=VALUE...]
@@ -110,5 +103,4 @@ if diff -q "$tmp/gen.ini" conf/flexshim.ini >/dev/null; then ok "conf/flexshim.i
 "$TOOL" frobnicate >/dev/null 2>&1; rc=$?
 [ $rc = 2 ] && ok "unknown command exits 2" || fail "unknown command exits 2" "exit $rc"
 
-echo "preload: $passed passed, $failed failed"
-[ $failed = 0 ]
+finish

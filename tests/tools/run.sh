@@ -9,20 +9,9 @@ TOOL=$PWD/$BUILD/flexshim-profile
 DATA=$PWD/tests/data
 SMALL=$DATA/small.json
 NOPLAN=$DATA/small-noplan.json
-if [ "${SAN:-}" = 1 ]; then
-    export ASAN_OPTIONS=${ASAN_OPTIONS:-detect_leaks=1}
-fi
-tmp=$(mktemp -d /tmp/flexshim-tools.XXXXXX)
-trap 'rm -rf "$tmp"' EXIT
-passed=0; failed=0
+NAME=tools
+. "$PWD/tests/check.sh"
 
-ok()   { passed=$((passed + 1)); echo "ok   $1"; }
-fail() { failed=$((failed + 1)); echo "FAIL $1"; [ -n "${2:-}" ] && printf '     %s\n' "$2"; }
-# expect NAME FILE PATTERN: FILE must contain the extended regex PATTERN
-expect() { if grep -Eq -- "$3" "$2"; then ok "$1"; else fail "$1" "no /$3/ in: $(head -c 600 "$2")"; fi; }
-expect_not() { if grep -Eq -- "$3" "$2"; then fail "$1" "unexpected /$3/ in: $(head -c 600 "$2")"; else ok "$1"; fi; }
-# expect_rc NAME WANT GOT [FILE]
-expect_rc() { if [ "$3" = "$2" ]; then ok "$1"; else fail "$1" "exit $3, expected $2${4:+: $(head -c 600 "$4")}"; fi; }
 # run OUT ERR ARGS...: the tool's stdout into OUT, stderr into ERR; sets rc
 run() { local out=$1 err=$2; shift 2; "$TOOL" "$@" >"$out" 2>"$err"; rc=$?; }
 # json_ok FILE: python3 parses it
@@ -242,5 +231,4 @@ expect "record: preloads the library beside the tool" "$tmp/o" "running true wit
 (cd "$tmp" && FLEXTENSOR_CONFIG= LD_PRELOAD="$asan_preload" "$TOOL" record -- false) >"$tmp/o" 2>&1; rc=$?
 expect_rc "record: the command's exit code is kept" 1 $rc "$tmp/o"
 
-echo "tools: $passed passed, $failed failed"
-[ $failed = 0 ]
+finish
