@@ -206,6 +206,13 @@ def cmd_run(args):
 
     if not torch.cuda.is_available():
         raise SystemExit("CUDA is not available")
+    if args.deterministic:
+        # Two plain runs of this program diverge after ~130 decode steps (measured): make the
+        # kernels deterministic so a long run can be compared token for token.
+        torch.use_deterministic_algorithms(True, warn_only=True)
+        torch.backends.cudnn.deterministic = True
+        torch.backends.cuda.enable_cudnn_sdp(False)
+        torch.backends.cuda.enable_flash_sdp(False)
     # The prompt comes from a seeded CPU generator, before any device context.
     gen = torch.Generator(device="cpu").manual_seed(args.seed + 1)
     prompt_cpu = torch.randint(0, 32000, (1, args.prompt_len), generator=gen, dtype=torch.long)
@@ -409,6 +416,8 @@ def main(argv=None):
     r.add_argument("--steps", type=int, default=32)
     r.add_argument("--layers", type=int, default=22)
     r.add_argument("--seed", type=int, default=0)
+    r.add_argument("--deterministic", action="store_true",
+                   help="deterministic kernels (set CUBLAS_WORKSPACE_CONFIG=:4096:8 too)")
     r.add_argument("--prompt-len", type=int, default=128)
     r.add_argument("--time-steps", action="store_true")
     r.add_argument("--warmup", type=int, default=8, help="timed steps left out of the median")
