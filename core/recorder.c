@@ -149,6 +149,7 @@ static void reset_discovery(struct fs_recorder *r)
     r->counting = false;
     r->nlaunches = r->nrefs = 0;
     r->det.n = 0;
+    r->last_period = 0;
     __atomic_store_n(&r->phase, FS_REC_DISCOVERY, __ATOMIC_RELEASE);
 }
 
@@ -463,6 +464,13 @@ void fs_rec_launch(struct fs_recorder *r, const void *func, fs_stream stream,
         if (r->nlaunches % DETECT_EVERY == 0) {
             struct fs_iter_result it;
             fs_iter_detect(&r->det, 2, r->discovery_iters + 1, &it);
+            /* Accept a period only when two detections in a row agree: early on, the layers
+             * repeating inside one pass can be the longest periodic stretch (measured on the
+             * Llama test model: 41 launches, one layer, before two whole passes were seen). */
+            int seen = r->last_period;
+            r->last_period = it.period;
+            if (it.period != seen)
+                it.period = 0;
             if (it.period > 0 && begin_profiling(r, it.start, it.period, r->det.n) != FS_OK) {
                 FS_WARN("discovery: out of host memory; no profile is recorded");
                 __atomic_store_n(&r->phase, FS_REC_DONE, __ATOMIC_RELEASE);

@@ -2,7 +2,7 @@
  *
  * Discovery records every launch (kernel, stream, the managed allocations it references) and the
  * sequence of managed allocations, until the iteration detector (iteration.h) finds the program's
- * iteration repeated DISCOVERY_ITERS + 1 times. Profiling then follows the iteration for
+ * iteration repeated DISCOVERY_ITERS + 1 times, with the same answer at two checks in a row. Profiling then follows the iteration for
  * PROFILING_ITERS more passes, recording a timing event after each launch, and keeps per launch
  * the median time between it and the previous launch on its stream (what the GPU spends on it,
  * and so the compute a transfer can hide behind). A launch sequence that departs from the
@@ -52,6 +52,7 @@ struct fs_recorder {
     int nlaunches, cap_launches;
     uint64_t *refs;
     int nrefs, cap_refs;
+    int last_period; /* the previous detection's answer: a period is taken when two agree */
     /* the iteration being profiled */
     struct fs_rec_launch *tmpl;
     uint64_t *tmpl_refs;

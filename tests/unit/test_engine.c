@@ -230,7 +230,8 @@ static void test_profile_recorded_and_planned(void **state)
     assert_int_equal(fs_engine_alloc(16 * MIB, 0, &act), FS_OK);
     for (int l = 0; l < L; l++)
         assert_int_equal(fs_engine_alloc(32 * MIB, 0, &w[l]), FS_OK);
-    run_program(dev, w, L, act, 200); /* 1400 launches: discovery looks every 1024 */
+    run_program(dev, w, L, act, 320); /* 2240 launches: discovery looks every 1024 and takes
+                                       * the period when two looks agree */
 
     struct fs_profile p;
     char err[512] = "";
