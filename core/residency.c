@@ -646,8 +646,9 @@ int fs_res_make_resident(struct fs_residency *res, struct fs_alloc *a)
     pthread_mutex_lock(&res->lock);
     while (LOAD(&a->state) == FS_RES_MOVING)
         pthread_cond_wait(&res->moved, &res->lock);
+    bool moves = LOAD(&a->state) == FS_RES_HOST;
     int rc = fault_in_locked(res, a, NULL, 0);
-    if (rc == FS_OK) {
+    if (rc == FS_OK && moves) {
         STAT(res, prefetches, 1);
         STAT(res, prefetched_bytes, a->mapped);
     }

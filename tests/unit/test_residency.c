@@ -455,6 +455,31 @@ static void test_free_returns_memory_and_rejects_interior(void **state)
     env_close(&e);
 }
 
+/* The planner's entry points: evict now, make resident ahead of use. */
+static void test_evict_and_make_resident(void **state)
+{
+    (void)state;
+    struct env e;
+    env_open(&e, 64 * MIB, true);
+    fs_dptr v;
+    assert_int_equal(fs_res_alloc(&e.res, 16 * MIB, &v), FS_OK);
+    fill(&e, v, 16 * MIB, 9);
+    struct fs_alloc *a = fs_res_lookup(&e.res, v);
+    assert_int_equal(fs_res_evict(&e.res, a), FS_OK);
+    assert_int_equal(where(&e, v), FS_LOC_HOST);
+    assert_int_equal(fs_res_evict(&e.res, a), FS_ERR_INVALID); /* already on host */
+    check(&e, v, 16 * MIB, 9, 0);
+    assert_int_equal(fs_res_make_resident(&e.res, a), FS_OK);
+    assert_int_equal(where(&e, v), FS_LOC_DEVICE);
+    assert_int_equal(fs_res_make_resident(&e.res, a), FS_OK); /* already there: nothing to do */
+    check(&e, v, 16 * MIB, 9, 0);
+    struct fs_res_stats s;
+    fs_res_get_stats(&e.res, &s);
+    assert_int_equal(s.evictions, 1);
+    assert_int_equal(s.prefetches, 1);
+    env_close(&e);
+}
+
 /* Each kernel adds 1 to the first word of each allocation it references, and checks that the
  * allocation's second word (its identity) is intact. */
 struct count_ctx {
@@ -570,6 +595,7 @@ int main(void)
         cmocka_unit_test(test_failure_injection),
         cmocka_unit_test(test_threads_under_pressure),
         cmocka_unit_test(test_free_returns_memory_and_rejects_interior),
+        cmocka_unit_test(test_evict_and_make_resident),
         cmocka_unit_test(test_stress_strict),
         cmocka_unit_test(test_stress_tracked),
     };
