@@ -101,10 +101,10 @@ test-tools: $(TOOL)
 # Everything that runs without a GPU: plain build, then ASan+UBSan, then valgrind on the
 # simulated-device tests. tests/gpu/ needs the GPU machine (tests/gpu/run.sh).
 test:
+	@echo "tests/gpu: skipped here (they need the GPU machine: tests/gpu/run.sh)"
 	$(MAKE) test-unit test-preload test-tools
 	$(MAKE) BUILD=build/asan SAN=1 test-unit test-preload test-tools
 	$(MAKE) test-valgrind
-	@echo "tests/gpu: skipped here (no GPU); run tests/gpu/run.sh on the GPU machine"
 
 test-valgrind: $(UNIT_BIN)
 	BUILD=$(BUILD) tests/run_unit.sh --valgrind $(UNIT_BIN)
