@@ -175,21 +175,6 @@ static bool list_has(const struct sim_link *head, const void *node)
 }
 
 /* Make room for NEED elements of ELEM bytes in *ARR. */
-static bool grow(void **arr, size_t *cap, size_t need, size_t elem)
-{
-    if (need <= *cap)
-        return true;
-    size_t n = *cap ? *cap * 2 : 16;
-    while (n < need)
-        n *= 2;
-    void *p = realloc(*arr, n * elem);
-    if (!p)
-        return false;
-    *arr = p;
-    *cap = n;
-    return true;
-}
-
 static bool range_ok(fs_dptr va, uint64_t size)
 {
     return size <= UINT64_MAX - va;
@@ -375,7 +360,7 @@ static int run_until(struct sim *s, uint64_t target)
 static int enqueue(struct sim *s, struct sim_op *op, struct fs_stream_ *stream,
                    enum sim_engine engine, uint64_t duration_ns)
 {
-    if (!grow((void **)&s->pending, &s->cap_pending, s->npending + 1, sizeof(*s->pending))) {
+    if (!fs_grow((void **)&s->pending, &s->cap_pending, s->npending + 1, sizeof(*s->pending))) {
         free(op);
         return FS_ERR_NOMEM;
     }
@@ -553,7 +538,7 @@ static int sim_va_reserve(struct fs_device *dev, uint64_t size, fs_dptr *out)
             rc = FS_ERR_INVALID;
         } else if (size > UINT64_MAX - s->next_va - s->cfg.granularity) {
             rc = FS_ERR_NOMEM;
-        } else if (!grow((void **)&s->resv, &s->cap_resv, s->nresv + 1, sizeof(*s->resv))) {
+        } else if (!fs_grow((void **)&s->resv, &s->cap_resv, s->nresv + 1, sizeof(*s->resv))) {
             rc = FS_ERR_NOMEM;
         } else {
             /* Addresses only go up, so the array stays sorted by appending. */
@@ -632,7 +617,7 @@ static int map_locked(struct sim *s, fs_dptr va, uint64_t size, struct fs_phys_ 
         return FS_ERR_INVALID;
     if (i < s->nsegs && s->segs[i].va < va + size)
         return FS_ERR_INVALID;
-    if (!grow((void **)&s->segs, &s->cap_segs, s->nsegs + 1, sizeof(*s->segs)))
+    if (!fs_grow((void **)&s->segs, &s->cap_segs, s->nsegs + 1, sizeof(*s->segs)))
         return FS_ERR_NOMEM;
     memmove(&s->segs[i + 1], &s->segs[i], (s->nsegs - i) * sizeof(*s->segs));
     s->segs[i] = (struct sim_seg){va, size, phys, off};
@@ -1314,7 +1299,7 @@ int fs_sim_register_kernel(struct fs_device *dev, const void *func, const uint32
     if (old) {
         free(old->offsets);
         *old = k;
-    } else if (grow((void **)&s->kernels, &s->cap_kernels, s->nkernels + 1, sizeof(*s->kernels))) {
+    } else if (fs_grow((void **)&s->kernels, &s->cap_kernels, s->nkernels + 1, sizeof(*s->kernels))) {
         s->kernels[s->nkernels++] = k;
     } else {
         free(mem);

@@ -1,5 +1,23 @@
 #include "fs.h"
 
+#include <stdbool.h>
+#include <stdlib.h>
+
+bool fs_grow(void **arr, size_t *cap, size_t need, size_t elem)
+{
+    if (need <= *cap)
+        return true;
+    size_t n = *cap ? *cap * 2 : 16;
+    while (n < need)
+        n *= 2;
+    void *p = realloc(*arr, n * elem);
+    if (!p)
+        return false;
+    *arr = p;
+    *cap = n;
+    return true;
+}
+
 const char *fs_err_str(int err)
 {
     switch (err) {

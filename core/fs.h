@@ -30,4 +30,14 @@ enum fs_err {
 
 const char *fs_err_str(int err);
 
+/* V rounded up to a multiple of G. */
+static inline uint64_t fs_round_up(uint64_t v, uint64_t g)
+{
+    return (v + g - 1) / g * g;
+}
+
+/* Make the array *ARR (elements of ELEM bytes, capacity *CAP) hold at least NEED elements,
+ * doubling; false (and nothing changed) when out of memory. */
+_Bool fs_grow(void **arr, size_t *cap, size_t need, size_t elem);
+
 #endif

@@ -33,7 +33,7 @@ fail_struct:
     return rc;
 }
 
-static void block_release(struct fs_device *dev, struct fs_block *b)
+void fs_phys_block_release(struct fs_device *dev, struct fs_block *b)
 {
     int rc = fs_dev_call(dev, unmap, b->copy_va, b->size);
     if (rc == FS_OK)
@@ -61,7 +61,7 @@ void fs_phys_pool_destroy(struct fs_phys_pool *pool)
     if (!pool->dev)
         return;
     for (int i = 0; i < pool->nfree; i++)
-        block_release(pool->dev, pool->free_blocks[i]);
+        fs_phys_block_release(pool->dev, pool->free_blocks[i]);
     free(pool->free_blocks);
     pthread_mutex_destroy(&pool->lock);
     memset(pool, 0, sizeof(*pool));
@@ -127,7 +127,7 @@ static void cache_block(struct fs_phys_pool *pool, struct fs_block *b)
         if (!grown) {
             pool->held_bytes -= b->size;
             pool->blocks_released++;
-            block_release(pool->dev, b);
+            fs_phys_block_release(pool->dev, b);
             return;
         }
         pool->free_blocks = grown;
@@ -165,7 +165,7 @@ uint64_t fs_phys_pool_trim(struct fs_phys_pool *pool, uint64_t want)
         pool->held_bytes -= b->size;
         pool->blocks_released++;
         released += b->size;
-        block_release(pool->dev, b);
+        fs_phys_block_release(pool->dev, b);
     }
     pthread_mutex_unlock(&pool->lock);
     return released;

@@ -50,6 +50,8 @@ void fs_phys_pool_put(struct fs_phys_pool *pool, struct fs_block *b);
 int fs_phys_block_create(struct fs_device *dev, enum fs_mem_loc loc, uint64_t size,
                          struct fs_block **out);
 void fs_phys_pool_adopt(struct fs_phys_pool *pool, struct fs_block *b);
+/* Give a block that no pool accounts for back to the driver (logged on failure). */
+void fs_phys_block_release(struct fs_device *dev, struct fs_block *b);
 
 /* Give cached blocks back to the driver until WANT bytes were released or none is left; returns
  * the bytes released. */

@@ -25,22 +25,6 @@ static uint64_t now_ns(void)
     return (uint64_t)ts.tv_sec * 1000000000ull + (uint64_t)ts.tv_nsec;
 }
 
-/* Grow *ARR (element size ELEM) to hold NEED elements. */
-static bool grow(void **arr, int *cap, int need, size_t elem)
-{
-    if (need <= *cap)
-        return true;
-    int c = *cap ? *cap : 64;
-    while (c < need)
-        c *= 2;
-    void *p = realloc(*arr, (size_t)c * elem);
-    if (!p)
-        return false;
-    *arr = p;
-    *cap = c;
-    return true;
-}
-
 int fs_rec_init(struct fs_recorder *r, struct fs_device *dev, const struct fs_rec_config *cfg)
 {
     memset(r, 0, sizeof(*r));
@@ -92,9 +76,8 @@ void fs_rec_note_alloc(struct fs_recorder *r, uint64_t order, uint64_t size, uin
 {
     pthread_mutex_lock(&r->lock);
     int need = (int)order + 1;
-    if (grow((void **)&r->alloc_size, &r->cap_allocs, need, sizeof(uint64_t))) {
-        int cap = r->cap_allocs;
-        uint64_t *m = realloc(r->alloc_mapped, (size_t)cap * sizeof(uint64_t));
+    if (fs_grow((void **)&r->alloc_size, &r->cap_allocs, (size_t)need, sizeof(uint64_t))) {
+        uint64_t *m = realloc(r->alloc_mapped, r->cap_allocs * sizeof(uint64_t));
         if (m) {
             r->alloc_mapped = m;
             for (int i = r->nallocs; i < need; i++)
@@ -123,7 +106,7 @@ static uint64_t signature(struct fs_recorder *r, const void *func)
         name = fallback;
     }
     uint64_t sig = fs_iter_hash_name(name);
-    if (grow((void **)&r->names, &r->cap_names, r->nnames + 1, sizeof(*r->names))) {
+    if (fs_grow((void **)&r->names, &r->cap_names, (size_t)r->nnames + 1, sizeof(*r->names))) {
         r->names[r->nnames] = (struct fs_rec_name){func, sig, strdup(name)};
         r->nnames++;
     }
@@ -390,13 +373,10 @@ int fs_rec_measure_link(struct fs_device *dev, struct fs_bw_model *bw)
         fs_dev_call(dev, event_destroy, e0);
     if (s)
         fs_dev_call(dev, stream_destroy, s);
-    struct fs_phys_pool scratch;
-    fs_phys_pool_init(&scratch, dev, FS_LOC_DEVICE); /* releases the blocks through a pool */
     if (d)
-        fs_phys_pool_put(&scratch, d);
+        fs_phys_block_release(dev, d);
     if (h)
-        fs_phys_pool_put(&scratch, h);
-    fs_phys_pool_destroy(&scratch);
+        fs_phys_block_release(dev, h);
     return rc;
 }
 
@@ -454,8 +434,9 @@ void fs_rec_launch(struct fs_recorder *r, const void *func, fs_stream stream,
                 r->launches[i].ref_start -= ref_drop;
             r->nlaunches = keep;
         }
-        if (grow((void **)&r->launches, &r->cap_launches, r->nlaunches + 1, sizeof(*r->launches)) &&
-            grow((void **)&r->refs, &r->cap_refs, r->nrefs + n, sizeof(*r->refs))) {
+        if (fs_grow((void **)&r->launches, &r->cap_launches, (size_t)r->nlaunches + 1,
+                    sizeof(*r->launches)) &&
+            fs_grow((void **)&r->refs, &r->cap_refs, (size_t)(r->nrefs + n), sizeof(*r->refs))) {
             memcpy(&r->refs[r->nrefs], orders, (size_t)n * sizeof(*orders));
             r->launches[r->nlaunches++] = (struct fs_rec_launch){sig, stream, func, n, r->nrefs};
             r->nrefs += n;

@@ -49,9 +49,11 @@ struct fs_recorder {
     /* discovery */
     struct fs_iter_detector det;
     struct fs_rec_launch *launches;
-    int nlaunches, cap_launches;
+    int nlaunches;
+    size_t cap_launches;
     uint64_t *refs;
-    int nrefs, cap_refs;
+    int nrefs;
+    size_t cap_refs;
     int last_period; /* the previous detection's answer: a period is taken when two agree */
     /* the iteration being profiled */
     struct fs_rec_launch *tmpl;
@@ -61,10 +63,12 @@ struct fs_recorder {
     fs_event *events; /* period * profiling_iters */
     /* allocations in order */
     uint64_t *alloc_size, *alloc_mapped;
-    int nallocs, cap_allocs;
+    int nallocs;
+    size_t cap_allocs;
     /* kernel names by function */
     struct fs_rec_name *names;
-    int nnames, cap_names;
+    int nnames;
+    size_t cap_names;
     uint64_t departures;
 };
 

@@ -10,11 +10,6 @@
 #define STORE(p, v) __atomic_store_n((p), (v), __ATOMIC_RELEASE)
 #define STAT(res, field, n) ((res)->stats.field += (n)) /* under res->lock */
 
-static uint64_t round_up(uint64_t v, uint64_t g)
-{
-    return (v + g - 1) / g * g;
-}
-
 /* ---- shared events ------------------------------------------------------------------------ */
 
 static struct fs_shared_event *event_get(struct fs_residency *res)
@@ -456,7 +451,7 @@ int fs_res_alloc(struct fs_residency *res, uint64_t size, fs_dptr *out)
     if (!a)
         return FS_ERR_NOMEM;
     a->size = size;
-    a->mapped = round_up(size, res->dev->props.granularity);
+    a->mapped = fs_round_up(size, res->dev->props.granularity);
     int rc = fs_va_space_alloc(&res->vs, a->mapped, &a->va);
     if (rc != FS_OK) {
         free(a);
@@ -563,9 +558,11 @@ static void leave_gate(struct fs_residency *res)
 uint64_t fs_res_launch_begin(struct fs_residency *res, struct fs_alloc *const *allocs, int n,
                              fs_stream stream)
 {
+    enter_gate(res);
+    if (n == 0)
+        return 0; /* most launches: nothing managed to hold, no shared counter to touch */
     uint64_t tick = __atomic_add_fetch(&res->tick, 1, __ATOMIC_RELAXED);
     uint64_t epoch = LOAD(&res->epoch);
-    enter_gate(res);
     bool slow = false;
     for (int i = 0; i < n; i++) {
         struct fs_alloc *a = allocs[i];

@@ -10,11 +10,6 @@ struct fs_va_hole {
     uint64_t size;
 };
 
-static uint64_t round_up(uint64_t v, uint64_t g)
-{
-    return (v + g - 1) / g * g;
-}
-
 int fs_va_space_init(struct fs_va_space *vs, struct fs_device *dev, uint64_t size,
                      uint64_t min_size)
 {
@@ -25,7 +20,7 @@ int fs_va_space_init(struct fs_va_space *vs, struct fs_device *dev, uint64_t siz
     vs->dev = dev;
     vs->shift = (unsigned)__builtin_ctzll(g);
     int rc = FS_ERR_NOMEM;
-    for (size = round_up(size, g); size >= min_size && size >= g; size = round_up(size / 2, g)) {
+    for (size = fs_round_up(size, g); size >= min_size && size >= g; size = fs_round_up(size / 2, g)) {
         rc = fs_dev_call(dev, va_reserve, size, &vs->base);
         if (rc == FS_OK)
             break;
@@ -70,7 +65,7 @@ void fs_va_space_destroy(struct fs_va_space *vs)
 
 int fs_va_space_alloc(struct fs_va_space *vs, uint64_t size, fs_dptr *out)
 {
-    size = round_up(size, 1ull << vs->shift);
+    size = fs_round_up(size, 1ull << vs->shift);
     int rc = FS_ERR_NOMEM;
     pthread_mutex_lock(&vs->lock);
     for (int i = 0; i < vs->nholes; i++) {
@@ -93,7 +88,7 @@ int fs_va_space_alloc(struct fs_va_space *vs, uint64_t size, fs_dptr *out)
 
 void fs_va_space_free(struct fs_va_space *vs, fs_dptr va, uint64_t size)
 {
-    size = round_up(size, 1ull << vs->shift);
+    size = fs_round_up(size, 1ull << vs->shift);
     pthread_mutex_lock(&vs->lock);
     int i = 0;
     while (i < vs->nholes && vs->holes[i].va < va)

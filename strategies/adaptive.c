@@ -21,12 +21,9 @@ static int adaptive_plan(const struct fs_profile *p, uint64_t budget, struct fs_
 {
     static const char *const names[AD_N] = {"knapsack", "greedy", "global"};
     struct fs_plan c[AD_N];
-    int rc = fs_profile_check(p);
-    if (!out)
-        return FS_ERR_INVALID;
-    memset(out, 0, sizeof(*out)); /* empty whatever happens */
+    int rc = fs_plan_open(p, out);
     if (rc != FS_OK)
-        return FS_ERR_INVALID;
+        return rc;
     memset(c, 0, sizeof(c));
     rc = fs_strategy_knapsack.plan(p, budget, &c[AD_KNAPSACK]);
     if (rc != FS_OK)

@@ -240,12 +240,9 @@ out:
 static int global_plan(const struct fs_profile *p, uint64_t budget, struct fs_plan *out)
 {
     struct fs_plan g = {0}, k = {0};
-    int rc = fs_profile_check(p);
-    if (!out)
-        return FS_ERR_INVALID;
-    memset(out, 0, sizeof(*out)); /* empty whatever happens */
+    int rc = fs_plan_open(p, out);
     if (rc != FS_OK)
-        return FS_ERR_INVALID;
+        return rc;
     rc = fs_strategy_greedy.plan(p, budget, &g);
     if (rc != FS_OK)
         goto out;

@@ -31,12 +31,9 @@ static int greedy_plan(const struct fs_profile *p, uint64_t budget, struct fs_pl
 {
     bool *resident = NULL;
     struct by_size *order = NULL;
-    int rc = fs_profile_check(p);
-    if (!out)
-        return FS_ERR_INVALID;
-    memset(out, 0, sizeof(*out)); /* empty whatever happens */
+    int rc = fs_plan_open(p, out);
     if (rc != FS_OK)
-        return FS_ERR_INVALID;
+        return rc;
     rc = fs_plan_begin(out, "greedy", budget, p->nallocs);
     if (rc != FS_OK)
         return rc;

@@ -198,14 +198,11 @@ int fs_knapsack_plan(const struct fs_profile *p, uint64_t budget, struct fs_plan
     bool *resident = NULL;
     double *pre = NULL;
     long chosen = -1;
-    int rc = fs_profile_check(p);
     if (cap_units)
         *cap_units = -1;
-    if (!out)
-        return FS_ERR_INVALID;
-    memset(out, 0, sizeof(*out)); /* empty whatever happens */
+    int rc = fs_plan_open(p, out);
     if (rc != FS_OK)
-        return FS_ERR_INVALID;
+        return rc;
     rc = fs_plan_begin(out, "knapsack", budget, p->nallocs);
     if (rc != FS_OK)
         return rc;

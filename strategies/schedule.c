@@ -9,6 +9,14 @@
 #include "fs.h"
 #include "schedule.h"
 
+int fs_plan_open(const struct fs_profile *p, struct fs_plan *out)
+{
+    if (!out)
+        return FS_ERR_INVALID;
+    memset(out, 0, sizeof(*out));
+    return fs_profile_check(p) == FS_OK ? FS_OK : FS_ERR_INVALID;
+}
+
 int fs_plan_begin(struct fs_plan *out, const char *name, uint64_t budget, int nallocs)
 {
     if (!out || nallocs < 0)

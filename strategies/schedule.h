@@ -26,6 +26,10 @@ int fs_plan_evaluate_ex(const struct fs_profile *p, struct fs_plan *plan, double
 /* Zeroes OUT, names it, sets budget and nallocs and allocates zeroed entries. FS_ERR_NOMEM if
  * the allocation fails (OUT stays empty). */
 int fs_plan_begin(struct fs_plan *out, const char *name, uint64_t budget, int nallocs);
+
+/* Every strategy's first step: OUT is emptied whatever happens; FS_ERR_INVALID for a NULL OUT
+ * or a malformed profile. */
+int fs_plan_open(const struct fs_profile *p, struct fs_plan *out);
 /* Deep copy of SRC into DST (DST's previous content is not freed). */
 int fs_plan_copy(struct fs_plan *dst, const struct fs_plan *src);
 
