@@ -4,10 +4,12 @@
 #include <pthread.h>
 #include <string.h>
 
+#include "executor.h"
 #include "fs.h"
 #include "log.h"
 #include "recorder.h"
 #include "residency.h"
+#include "strategies/strategy.h"
 
 /* The managed address range: 1 TiB, or less if the driver refuses (halving down to 16 GiB). */
 #define VA_SPACE_BYTES (1ull << 40)
@@ -24,7 +26,10 @@ static struct {
     struct fs_device *dev;
     bool dev_injected;
     struct fs_residency res;
-    struct fs_recorder rec; /* discovery and profiling, when PROFILE_OUT is set */
+    /* Planning, when PROFILE or PROFILE_OUT is set: discovery and profiling, then the plan. */
+    bool planning;
+    struct fs_recorder rec;
+    struct fs_executor exec;
     struct fs_engine_stats stats;
 } eng = {.start_lock = PTHREAD_MUTEX_INITIALIZER};
 
@@ -40,26 +45,24 @@ static void apply_log_settings(const struct fs_config *cfg)
 }
 
 /* Settings whose phase this version does not run: a user who sets one is told, rather than left
- * to guess why nothing happened. Running a plan (PROFILE) and the timing report are not
- * implemented; discovery, profiling and planning run only to save a profile (PROFILE_OUT). */
+ * to guess why nothing happened. The timing report is not implemented; discovery, profiling and
+ * planning run only with a profile to start from (PROFILE) or to save (PROFILE_OUT). */
 static void warn_inactive_settings(const struct fs_config *cfg)
 {
-    static const enum fs_param_id never[] = {FS_P_PROFILE, FS_P_TIMING_REPORT};
-    static const enum fs_param_id with_out[] = {FS_P_STRATEGY, FS_P_DISCOVERY_ITERS,
-                                                FS_P_PROFILING_ITERS};
-    for (size_t i = 0; i < FS_ARRAY_LEN(never); i++)
-        if (cfg->v[never[i]].src != FS_SRC_DEFAULT)
-            FS_WARN("%s is set but has no effect in this version: allocations are managed "
-                    "reactively (least recently used eviction, fault-in before launches); "
-                    "running a saved plan is not implemented yet",
-                    fs_param_defs[never[i]].env_name);
-    if (fs_config_str(cfg, FS_P_PROFILE_OUT)[0])
+    static const enum fs_param_id with_profile[] = {FS_P_STRATEGY, FS_P_DISCOVERY_ITERS,
+                                                    FS_P_PROFILING_ITERS};
+    if (cfg->v[FS_P_TIMING_REPORT].src != FS_SRC_DEFAULT)
+        FS_WARN("%s is set but has no effect in this version: the timing report is not "
+                "implemented yet; the exit summary (FLEXTENSOR_LOG_LEVEL=info) has the counts",
+                fs_param_defs[FS_P_TIMING_REPORT].env_name);
+    if (fs_config_str(cfg, FS_P_PROFILE_OUT)[0] || fs_config_str(cfg, FS_P_PROFILE)[0])
         return;
-    for (size_t i = 0; i < FS_ARRAY_LEN(with_out); i++)
-        if (cfg->v[with_out[i]].src != FS_SRC_DEFAULT)
-            FS_WARN("%s is set but has no effect without FLEXTENSOR_PROFILE_OUT: in this version "
-                    "discovery, profiling and planning run only to save a profile",
-                    fs_param_defs[with_out[i]].env_name);
+    for (size_t i = 0; i < FS_ARRAY_LEN(with_profile); i++)
+        if (cfg->v[with_profile[i]].src != FS_SRC_DEFAULT)
+            FS_WARN("%s is set but has no effect without FLEXTENSOR_PROFILE_OUT or "
+                    "FLEXTENSOR_PROFILE: in this version discovery, profiling and planning run "
+                    "only with a profile to save or to start from",
+                    fs_param_defs[with_profile[i]].env_name);
 }
 
 static const char *env_value(char *const *envp, const char *name)
@@ -148,6 +151,101 @@ static void format_bytes(uint64_t v, char *buf, size_t len)
     snprintf(buf, len, u ? "%.1f %s" : "%.0f %s", d, units[u]);
 }
 
+/* The recorder hands over a finished plan. */
+static bool take_plan(void *arg, struct fs_profile *p)
+{
+    (void)arg;
+    int rc = fs_exec_install(&eng.exec, p);
+    if (rc == FS_OK)
+        FS_INFO("plan: running it from the next launch");
+    else
+        FS_WARN("plan: cannot run it (%s); allocations stay managed reactively", fs_err_str(rc));
+    return true;
+}
+
+/* Load the profile PATH for this device and BUDGET, planning it again when its plan was made
+ * for another budget or strategy. False (said why) when it cannot be used: discovery runs. */
+static bool load_profile(const struct fs_config *cfg, const char *path, uint64_t budget,
+                         struct fs_profile *p)
+{
+    char err[512];
+    if (fs_profile_load(path, p, err, sizeof(err)) != FS_OK) {
+        FS_WARN("%s; discovering the program instead", err);
+        return false;
+    }
+    const struct fs_device_props *d = &eng.dev->props;
+    if (fs_profile_match_device(p, d->name, d->cc_major, d->cc_minor, d->total_bytes, err,
+                                sizeof(err)) != FS_OK) {
+        FS_WARN("%s: %s; discovering the program instead", path, err);
+        fs_profile_free(p);
+        return false;
+    }
+    char strategy[32];
+    fs_config_choice(cfg, FS_P_STRATEGY, strategy, sizeof(strategy));
+    bool other_strategy = cfg->v[FS_P_STRATEGY].src != FS_SRC_DEFAULT &&
+                          strncmp(p->plan.strategy, strategy, strlen(strategy)) != 0;
+    if (!p->plan.entries || p->plan.budget != budget || other_strategy) {
+        const struct fs_strategy *st = fs_strategy_find(strategy);
+        fs_plan_free(&p->plan);
+        int rc = st ? st->plan(p, budget, &p->plan) : FS_ERR_INVALID;
+        if (rc != FS_OK) {
+            FS_WARN("%s: planning with %s for a budget of %llu bytes failed (%s); allocations "
+                    "are managed reactively", path, strategy, (unsigned long long)budget,
+                    fs_err_str(rc));
+            return true; /* the program matches; there is just no plan to run */
+        }
+    }
+    FS_INFO("profile %s: %d launches per iteration, %d allocations; plan %s at %llu MiB, "
+            "predicted %.3f ms per iteration; discovery and profiling skipped", path,
+            p->nlaunches, p->nallocs, p->plan.strategy, (unsigned long long)(budget >> 20),
+            p->plan.predicted_us / 1000);
+    return true;
+}
+
+static void stop_planning(void)
+{
+    if (!eng.planning)
+        return;
+    fs_exec_destroy(&eng.exec);
+    fs_rec_destroy(&eng.rec);
+    eng.planning = false;
+}
+
+/* Discovery and planning (PROFILE_OUT), or a saved profile (PROFILE), and the plan executor. */
+static int start_planning(const struct fs_config *cfg, uint64_t budget)
+{
+    const char *in = fs_config_str(cfg, FS_P_PROFILE), *out = fs_config_str(cfg, FS_P_PROFILE_OUT);
+    if (!in[0] && !out[0])
+        return FS_OK;
+    int rc = fs_exec_init(&eng.exec, &eng.res);
+    if (rc != FS_OK)
+        return rc;
+    struct fs_profile p = {0};
+    bool loaded = in[0] && load_profile(cfg, in, budget, &p);
+    char strategy[32];
+    struct fs_rec_config rec = {
+        .discovery_iters = (int)fs_config_u64(cfg, FS_P_DISCOVERY_ITERS),
+        .profiling_iters = (int)fs_config_u64(cfg, FS_P_PROFILING_ITERS),
+        .budget = budget,
+        .strategy = fs_config_choice(cfg, FS_P_STRATEGY, strategy, sizeof(strategy)),
+        .out_path = out,
+        .idle = loaded,
+        .on_plan = take_plan,
+    };
+    rc = fs_rec_init(&eng.rec, eng.dev, &rec);
+    if (rc != FS_OK) {
+        fs_profile_free(&p);
+        fs_exec_destroy(&eng.exec);
+        return rc;
+    }
+    eng.planning = true;
+    if (loaded && p.plan.entries && fs_exec_install(&eng.exec, &p) != FS_OK)
+        FS_WARN("%s: its plan does not fit its own profile; allocations are managed reactively",
+                in);
+    fs_profile_free(&p);
+    return FS_OK;
+}
+
 static int start_locked(void)
 {
     const struct fs_config *cfg = fs_engine_config();
@@ -184,20 +282,9 @@ static int start_locked(void)
     rc = fs_launch_init(eng.dev);
     if (rc != FS_OK)
         goto fail_res;
-    const char *out = fs_config_str(cfg, FS_P_PROFILE_OUT);
-    if (out[0]) {
-        char strategy[32];
-        struct fs_rec_config rec = {
-            .discovery_iters = (int)fs_config_u64(cfg, FS_P_DISCOVERY_ITERS),
-            .profiling_iters = (int)fs_config_u64(cfg, FS_P_PROFILING_ITERS),
-            .budget = budget,
-            .strategy = fs_config_choice(cfg, FS_P_STRATEGY, strategy, sizeof(strategy)),
-            .out_path = out,
-        };
-        rc = fs_rec_init(&eng.rec, eng.dev, &rec);
-        if (rc != FS_OK)
-            goto fail_launch;
-    }
+    rc = start_planning(cfg, budget);
+    if (rc != FS_OK)
+        goto fail_launch;
     if (eng.tracker) {
         rc = eng.tracker();
         if (rc != FS_OK)
@@ -212,7 +299,7 @@ static int start_locked(void)
             p->name, b2, b1, b3);
     return FS_OK;
 fail_rec:
-    fs_rec_destroy(&eng.rec);
+    stop_planning();
 fail_launch:
     fs_launch_shutdown();
 fail_res:
@@ -270,9 +357,15 @@ int fs_engine_alloc(uint64_t size, int ordinal, uint64_t *ptr_out)
     }
     STAT_ADD(managed_allocs, 1);
     STAT_ADD(managed_bytes, size);
-    if (fs_rec_active(&eng.rec)) {
+    if (eng.planning) {
         const struct fs_alloc *a = fs_res_lookup(&eng.res, va);
+        const char *why = NULL;
         fs_rec_note_alloc(&eng.rec, a->id, a->size, a->mapped);
+        if (fs_exec_note_alloc(&eng.exec, a->id, a->size, &why) != FS_OK) {
+            FS_WARN("the plan's profile does not match this program: %s; discovering it again",
+                    why);
+            fs_rec_restart(&eng.rec);
+        }
     }
     *ptr_out = va;
     return FS_OK;
@@ -323,7 +416,9 @@ void fs_engine_launch_enter(const struct fs_launch_desc *d, struct fs_launch_tic
         t->active = false;
         return;
     }
-    fs_launch_enter(&eng.res, d, t);
+    fs_launch_scan(&eng.res, d, t);
+    fs_exec_launch_enter(&eng.exec, t);
+    fs_launch_hold(&eng.res, t);
 }
 
 void fs_engine_launch_exit(struct fs_launch_ticket *t, bool queued)
@@ -336,8 +431,11 @@ void fs_engine_launch_exit(struct fs_launch_ticket *t, bool queued)
     for (int i = 0; record && i < n; i++) /* read while the launch still holds them */
         orders[i] = t->refs[i]->id;
     fs_launch_exit(&eng.res, t, queued);
+    fs_exec_launch_exit(&eng.exec, t);
     if (record)
-        fs_rec_launch(&eng.rec, t->func, t->stream, orders, n);
+        fs_rec_launch(&eng.rec, t->func, t->sig, t->stream, orders, n);
+    if (FS_UNLIKELY(eng.planning && fs_exec_take_give_up(&eng.exec)))
+        fs_rec_restart(&eng.rec);
 }
 
 void fs_engine_get_stats(struct fs_engine_stats *out)
@@ -347,6 +445,14 @@ void fs_engine_get_stats(struct fs_engine_stats *out)
     if (started())
         fs_res_get_stats(&eng.res, &out->res);
     fs_launch_get_stats(&out->launch);
+    if (eng.planning)
+        fs_exec_get_stats(&eng.exec, &out->exec);
+}
+
+void fs_engine_drain_moves(void)
+{
+    if (eng.planning)
+        fs_exec_drain(&eng.exec);
 }
 
 /* CUDA is in use but no allocation reached the hooks: cudart is linked statically (nvcc's
@@ -391,12 +497,28 @@ void fs_engine_shutdown(void)
             "unreadable), %llu layout queries",
             (unsigned long long)s.launch.launches, (unsigned long long)s.launch.with_refs,
             (unsigned long long)s.launch.unknown, (unsigned long long)s.launch.layout_queries);
+    if (!eng.planning)
+        return;
+    /* No moves while the program's libraries shut down. */
+    const struct fs_exec_stats x = s.exec;
+    fs_exec_destroy(&eng.exec);
+    FS_INFO("plan: %llu installed; %llu launches followed, %llu departures, %llu launches run "
+            "reactively, found %llu times; %llu prefetches (%llu bytes moved in) and %llu "
+            "evictions queued; %llu late and %llu unplanned references; %llu evictions skipped "
+            "(in use), %llu failed moves, %llu dropped, %llu give-ups",
+            (unsigned long long)x.plans, (unsigned long long)x.synced,
+            (unsigned long long)x.departures, (unsigned long long)x.lost_launches,
+            (unsigned long long)x.syncs, (unsigned long long)x.prefetches,
+            (unsigned long long)s.res.prefetched_bytes, (unsigned long long)x.evictions,
+            (unsigned long long)x.late, (unsigned long long)x.unplanned,
+            (unsigned long long)x.evict_busy, (unsigned long long)x.move_failures,
+            (unsigned long long)x.dropped, (unsigned long long)x.give_ups);
 }
 
 void fs_engine_teardown(void)
 {
     if (started()) {
-        fs_rec_destroy(&eng.rec);
+        stop_planning();
         fs_launch_shutdown();
         fs_res_destroy(&eng.res);
         if (!eng.dev_injected)

@@ -12,6 +12,7 @@
 
 #include "config.h"
 #include "device.h"
+#include "executor.h"
 #include "launch.h"
 
 struct fs_engine_stats {
@@ -23,6 +24,7 @@ struct fs_engine_stats {
     uint64_t budget;
     struct fs_res_stats res;
     struct fs_launch_stats launch;
+    struct fs_exec_stats exec;   /* zero unless PROFILE or PROFILE_OUT is set */
 };
 
 /* Read the configuration from ENVP (and the INI file it names), set up the log. Called once,
@@ -65,6 +67,9 @@ void fs_engine_launch_enter(const struct fs_launch_desc *d, struct fs_launch_tic
 void fs_engine_launch_exit(struct fs_launch_ticket *t, bool queued);
 
 void fs_engine_get_stats(struct fs_engine_stats *out);
+
+/* Tests: wait until the plan executor has done every move queued so far. */
+void fs_engine_drain_moves(void);
 
 /* At exit: the summary at info level. The program's memory stays mapped (CUDA may already be
  * tearing down, and the program may still touch it from other destructors). */

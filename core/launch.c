@@ -1,9 +1,11 @@
 #include "launch.h"
 
 #include <pthread.h>
+#include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 
+#include "iteration.h"
 #include "log.h"
 
 /* Largest parameter list remembered; kernels with more are scanned as unknown. */
@@ -13,6 +15,7 @@
 #define CACHE_SLOTS 16384
 
 struct layout {
+    uint64_t sig;     /* the kernel's identity across runs (launch.h) */
     int n;            /* parameters that can hold a pointer (8 bytes or more) */
     bool unknown;     /* the driver could not tell */
     struct { uint32_t index, offset, size; } p[];
@@ -72,6 +75,13 @@ static struct layout *query_layout(const void *func)
                 l->p[l->n++] = (__typeof__(l->p[0])){(uint32_t)i, offsets[i], sizes[i]};
     if (l->unknown)
         FS_DEBUG("kernel %p: parameter layout unavailable (%s)", func, fs_err_str(rc));
+    const char *name = NULL;
+    char fallback[32];
+    if (fs_dev_call(lc.dev, kernel_name, func, &name) != FS_OK || !name) {
+        snprintf(fallback, sizeof(fallback), "kernel@%p", func); /* this run only */
+        name = fallback;
+    }
+    l->sig = fs_iter_hash_name(name);
     return l;
 }
 
@@ -143,13 +153,15 @@ static bool scan_words(struct fs_residency *res, struct fs_launch_ticket *t, con
     return true;
 }
 
-void fs_launch_enter(struct fs_residency *res, const struct fs_launch_desc *d,
-                     struct fs_launch_ticket *t)
+void fs_launch_scan(struct fs_residency *res, const struct fs_launch_desc *d,
+                    struct fs_launch_ticket *t)
 {
     t->n = 0;
     t->active = false;
     t->stream = d->stream;
     t->func = d->func;
+    t->sig = FS_SIG_COPY;
+    t->pos = -1;
     STAT(launches);
     bool readable = !d->unreadable;
     if (readable && d->ptrs)
@@ -157,33 +169,47 @@ void fs_launch_enter(struct fs_residency *res, const struct fs_launch_desc *d,
             readable = add_ref(res, t, d->ptrs[i]);
     if (readable && d->param_buf)
         readable = scan_words(res, t, d->param_buf, d->param_buf_size);
-    if (readable && d->kernel_params) {
+    if (d->func) {
         bool owned;
         const struct layout *l = get_layout(d->func, &owned);
-        if (!l || l->unknown) {
-            readable = false;
-        } else {
-            for (int i = 0; i < l->n && readable; i++)
-                readable = scan_words(res, t, d->kernel_params[l->p[i].index], l->p[i].size);
+        t->sig = l ? l->sig : FS_SIG_UNKNOWN;
+        if (readable && d->kernel_params) {
+            if (!l || l->unknown) {
+                readable = false;
+            } else {
+                for (int i = 0; i < l->n && readable; i++)
+                    readable = scan_words(res, t, d->kernel_params[l->p[i].index], l->p[i].size);
+            }
         }
         if (owned)
             free((void *)l);
     }
     t->unknown = !readable;
-    if (FS_UNLIKELY(!readable)) {
+    if (FS_UNLIKELY(!readable))
         STAT(unknown);
-        fs_res_note_unknown(res);
-    }
     if (t->n > 0)
         STAT(with_refs);
-    t->tick = fs_res_launch_begin(res, t->refs, t->n, d->stream);
+}
+
+void fs_launch_hold(struct fs_residency *res, struct fs_launch_ticket *t)
+{
+    t->tick = fs_res_launch_begin(res, t->refs, t->n, t->stream);
     t->active = true;
+}
+
+void fs_launch_enter(struct fs_residency *res, const struct fs_launch_desc *d,
+                     struct fs_launch_ticket *t)
+{
+    fs_launch_scan(res, d, t);
+    fs_launch_hold(res, t);
 }
 
 void fs_launch_exit(struct fs_residency *res, struct fs_launch_ticket *t, bool queued)
 {
     if (!t->active)
         return;
+    if (FS_UNLIKELY(t->unknown))
+        fs_res_note_unknown(res);
     fs_res_launch_done(res, t->tick, t->stream, t->refs, t->n, queued);
     t->active = false;
 }

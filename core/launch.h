@@ -28,8 +28,15 @@ struct fs_launch_desc {
     bool unreadable;            /* the caller could not read the parameters at all */
 };
 
+/* Kernel identity across runs (the hash of its name, iteration.h); copies and memsets share one
+ * signature, and a kernel whose layout could not even be allocated gets another. */
+#define FS_SIG_COPY 1ull
+#define FS_SIG_UNKNOWN 2ull
+
 struct fs_launch_ticket {
     uint64_t tick;
+    uint64_t sig;     /* FS_SIG_COPY for copies and memsets */
+    int pos;          /* its place in the running plan's iteration (executor.h), or -1 */
     fs_stream stream;
     const void *func; /* the kernel, NULL for copies and memsets */
     bool unknown;     /* parameters could not be read */
@@ -50,7 +57,11 @@ struct fs_layout_cache;
 int fs_launch_init(struct fs_device *dev);
 void fs_launch_shutdown(void);
 
-/* Before the launch is queued: find the references, hold them, fault in what is evicted. */
+/* Before the launch is queued: find the references (scan), then hold them, faulting in what is
+ * evicted (hold). fs_launch_enter does both; the engine runs the plan between the two. */
+void fs_launch_scan(struct fs_residency *res, const struct fs_launch_desc *d,
+                    struct fs_launch_ticket *t);
+void fs_launch_hold(struct fs_residency *res, struct fs_launch_ticket *t);
 void fs_launch_enter(struct fs_residency *res, const struct fs_launch_desc *d,
                      struct fs_launch_ticket *t);
 /* After the driver queued it (QUEUED) or refused it. */

@@ -94,14 +94,15 @@ int fs_profile_save(const char *path, const struct fs_profile *p, char *err, siz
  * profile: corrupt JSON, wrong version, missing or inconsistent fields). */
 int fs_profile_load(const char *path, struct fs_profile *out, char *err, size_t errlen);
 
-/* Does the profile describe this program on this device? Compares the device (name, compute
- * capability, total memory) and the allocation sequence seen so far: allocation I of this run
- * must have the size of the profile's allocation I (identity = order + size). NSEEN sizes are
- * given; returns FS_OK while they match, else FS_ERR_NOT_FOUND with ERR saying which allocation
- * differed ("allocation 17 is 20971520 bytes here, 31457280 in the profile"). */
+/* Does the profile describe this program on this device? The device: name, compute capability
+ * and total memory must be the profile's. The program: allocation ORDER of this run (counted
+ * from 0 in allocation order) must have the size of the profile's allocation ORDER (identity =
+ * order + size); allocations past the profile's are not in the plan and match. FS_OK on a match,
+ * else FS_ERR_NOT_FOUND with ERR saying what differed ("allocation 17 is 20971520 bytes here,
+ * 31457280 in the profile"). */
 int fs_profile_match_device(const struct fs_profile *p, const char *device_name, int cc_major,
                             int cc_minor, uint64_t device_total, char *err, size_t errlen);
-int fs_profile_match_allocs(const struct fs_profile *p, const uint64_t *sizes, int nseen,
-                            char *err, size_t errlen);
+int fs_profile_match_alloc(const struct fs_profile *p, uint64_t order, uint64_t size, char *err,
+                           size_t errlen);
 
 #endif

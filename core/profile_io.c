@@ -984,25 +984,16 @@ int fs_profile_match_device(const struct fs_profile *p, const char *device_name,
     return FS_ERR_NOT_FOUND;
 }
 
-int fs_profile_match_allocs(const struct fs_profile *p, const uint64_t *sizes, int nseen,
-                            char *err, size_t errlen)
+int fs_profile_match_alloc(const struct fs_profile *p, uint64_t order, uint64_t size, char *err,
+                           size_t errlen)
 {
-    if (!p || nseen < 0 || (nseen > 0 && !sizes)) {
-        seterr(err, errlen, "no profile or allocation sizes to compare");
+    if (!p) {
+        seterr(err, errlen, "no profile to compare");
         return FS_ERR_INVALID;
     }
-    int n = nseen < p->nallocs ? nseen : p->nallocs;
-    for (int i = 0; i < n; i++) {
-        if (sizes[i] != p->allocs[i].size) {
-            seterr(err, errlen, "allocation %d is %" PRIu64 " bytes here, %" PRIu64
-                   " in the profile", i, sizes[i], p->allocs[i].size);
-            return FS_ERR_NOT_FOUND;
-        }
-    }
-    if (nseen > p->nallocs) {
-        seterr(err, errlen, "this run made more allocations (%d) than the profile holds (%d)",
-               nseen, p->nallocs);
-        return FS_ERR_NOT_FOUND;
-    }
-    return FS_OK;
+    if (order >= (uint64_t)p->nallocs || p->allocs[order].size == size)
+        return FS_OK;
+    seterr(err, errlen, "allocation %" PRIu64 " is %" PRIu64 " bytes here, %" PRIu64
+           " in the profile", order, size, p->allocs[order].size);
+    return FS_ERR_NOT_FOUND;
 }

@@ -15,8 +15,11 @@
 #define DISCOVERY_WINDOW (1 << 18)
 /* How often (in launches) discovery looks for the iteration. */
 #define DETECT_EVERY 1024
-/* Signature of copies and memsets (no kernel). */
-#define SIG_COPY 1ull
+/* Launches a found iteration must be followed without a departure before it is taken: identical
+ * layers repeat inside one pass of a model (22 x 41 launches in the Llama test model), and until
+ * two whole passes have been seen they are the longest periodic stretch. A period the program
+ * leaves is rejected for the rest of the discovery. */
+#define CONFIRM_LAUNCHES (4 * DETECT_EVERY)
 
 static uint64_t now_ns(void)
 {
@@ -37,8 +40,10 @@ int fs_rec_init(struct fs_recorder *r, struct fs_device *dev, const struct fs_re
     int rc = fs_iter_init(&r->det, DISCOVERY_WINDOW);
     if (rc != FS_OK)
         return rc;
+    r->on_plan = cfg->on_plan;
+    r->on_plan_arg = cfg->on_plan_arg;
     pthread_mutex_init(&r->lock, NULL);
-    __atomic_store_n(&r->phase, FS_REC_DISCOVERY, __ATOMIC_RELEASE);
+    __atomic_store_n(&r->phase, cfg->idle ? FS_REC_DONE : FS_REC_DISCOVERY, __ATOMIC_RELEASE);
     return FS_OK;
 }
 
@@ -91,26 +96,21 @@ void fs_rec_note_alloc(struct fs_recorder *r, uint64_t order, uint64_t size, uin
     pthread_mutex_unlock(&r->lock);
 }
 
-/* The signature of FUNC: the hash of its name, so it is the same in the next run (lock held). */
-static uint64_t signature(struct fs_recorder *r, const void *func)
+/* Remember FUNC's name for the profile's kernel names (lock held). */
+static void note_name(struct fs_recorder *r, const void *func, uint64_t sig)
 {
     if (!func)
-        return SIG_COPY;
+        return;
     for (int i = 0; i < r->nnames; i++)
         if (r->names[i].func == func)
-            return r->names[i].sig;
+            return;
     const char *name = NULL;
-    char fallback[32];
-    if (fs_dev_call(r->dev, kernel_name, func, &name) != FS_OK || !name) {
-        snprintf(fallback, sizeof(fallback), "kernel@%p", func); /* this run only */
-        name = fallback;
-    }
-    uint64_t sig = fs_iter_hash_name(name);
+    if (fs_dev_call(r->dev, kernel_name, func, &name) != FS_OK)
+        name = NULL;
     if (fs_grow((void **)&r->names, &r->cap_names, (size_t)r->nnames + 1, sizeof(*r->names))) {
-        r->names[r->nnames] = (struct fs_rec_name){func, sig, strdup(name)};
+        r->names[r->nnames] = (struct fs_rec_name){func, sig, name ? strdup(name) : NULL};
         r->nnames++;
     }
-    return sig;
 }
 
 static const char *name_of(const struct fs_recorder *r, const void *func)
@@ -134,6 +134,24 @@ static void reset_discovery(struct fs_recorder *r)
     r->det.n = 0;
     r->last_period = 0;
     __atomic_store_n(&r->phase, FS_REC_DISCOVERY, __ATOMIC_RELEASE);
+}
+
+void fs_rec_restart(struct fs_recorder *r)
+{
+    if (!r->dev)
+        return;
+    pthread_mutex_lock(&r->lock);
+    reset_discovery(r);
+    r->nrejected = 0;
+    pthread_mutex_unlock(&r->lock);
+}
+
+static bool rejected(const struct fs_recorder *r, int period)
+{
+    for (int i = 0; i < r->nrejected; i++)
+        if (r->rejected[i] == period)
+            return true;
+    return false;
 }
 
 /* The iteration was found: keep launches [START, START + PERIOD) as the template (lock held). */
@@ -163,6 +181,7 @@ static int begin_profiling(struct fs_recorder *r, int start, int period, int n_i
     r->pos = (r->nlaunches - start) % period; /* where the program is now */
     r->counting = r->pos == 0;
     r->iters_timed = 0;
+    r->followed = 0;
     FS_INFO("discovery: an iteration of %d launches, seen %d times after %d launches", period,
             (r->nlaunches - start) / period, r->nlaunches);
     __atomic_store_n(&r->phase, FS_REC_PROFILING, __ATOMIC_RELEASE);
@@ -413,16 +432,19 @@ static void finish(struct fs_recorder *r)
         else
             FS_ERROR("%s", err);
     }
+    if (p.plan.entries && r->on_plan)
+        r->on_plan(r->on_plan_arg, &p);
     fs_profile_free(&p);
     free_events(r);
 }
 
-void fs_rec_launch(struct fs_recorder *r, const void *func, fs_stream stream,
+void fs_rec_launch(struct fs_recorder *r, const void *func, uint64_t sig, fs_stream stream,
                    const uint64_t *orders, int n)
 {
     pthread_mutex_lock(&r->lock);
     int phase = __atomic_load_n(&r->phase, __ATOMIC_ACQUIRE);
-    uint64_t sig = phase == FS_REC_DONE ? 0 : signature(r, func);
+    if (phase != FS_REC_DONE)
+        note_name(r, func, sig);
     if (phase == FS_REC_DISCOVERY) {
         if (r->nlaunches == DISCOVERY_WINDOW) { /* keep the newer half, like the detector */
             int keep = DISCOVERY_WINDOW / 2, drop = r->nlaunches - keep;
@@ -450,23 +472,25 @@ void fs_rec_launch(struct fs_recorder *r, const void *func, fs_stream stream,
              * Llama test model: 41 launches, one layer, before two whole passes were seen). */
             int seen = r->last_period;
             r->last_period = it.period;
-            if (it.period != seen)
+            if (it.period != seen || rejected(r, it.period))
                 it.period = 0;
             if (it.period > 0 && begin_profiling(r, it.start, it.period, r->det.n) != FS_OK) {
                 FS_WARN("discovery: out of host memory; no profile is recorded");
                 __atomic_store_n(&r->phase, FS_REC_DONE, __ATOMIC_RELEASE);
             }
-            if (it.period > 0 && r->profiling_iters == 0 && fs_rec_active(r))
-                finish(r);
         }
     } else if (phase == FS_REC_PROFILING) {
         if (sig != r->tmpl[r->pos].sig || stream != r->tmpl[r->pos].stream) {
             r->departures++;
-            FS_DEBUG("profiling: launch %d of the iteration differs from discovery; discovering "
-                     "again", r->pos);
+            FS_INFO("profiling: the program left the %d-launch pattern after following it for "
+                    "%llu launches, so it is not the whole iteration; discovering again",
+                    r->period, (unsigned long long)r->followed);
+            if (r->nrejected < FS_REC_MAX_REJECTED)
+                r->rejected[r->nrejected++] = r->period;
             reset_discovery(r);
         } else {
-            if (r->counting) {
+            r->followed++;
+            if (r->counting && r->iters_timed < r->profiling_iters) {
                 fs_event *ev = &r->events[r->iters_timed * r->period + r->pos];
                 if (!*ev && fs_dev_call(r->dev, event_create, true, ev) != FS_OK)
                     *ev = NULL;
@@ -475,10 +499,10 @@ void fs_rec_launch(struct fs_recorder *r, const void *func, fs_stream stream,
             }
             if (++r->pos == r->period) {
                 r->pos = 0;
-                if (r->counting)
+                if (r->counting && r->iters_timed < r->profiling_iters)
                     r->iters_timed++;
                 r->counting = true;
-                if (r->iters_timed >= r->profiling_iters)
+                if (r->iters_timed >= r->profiling_iters && r->followed >= CONFIRM_LAUNCHES)
                     finish(r);
             }
         }

@@ -2,16 +2,16 @@
  *
  * Discovery records every launch (kernel, stream, the managed allocations it references) and the
  * sequence of managed allocations, until the iteration detector (iteration.h) finds the program's
- * iteration repeated DISCOVERY_ITERS + 1 times, with the same answer at two checks in a row. Profiling then follows the iteration for
- * PROFILING_ITERS more passes, recording a timing event after each launch, and keeps per launch
- * the median time between it and the previous launch on its stream (what the GPU spends on it,
- * and so the compute a transfer can hide behind). A launch sequence that departs from the
- * recorded iteration sends the recorder back to discovery (counted). When profiling is done the
- * link is measured, the configured strategy plans the iteration for the budget, and the profile is
- * written to PROFILE_OUT.
- *
- * This version records and plans; running the plan (prefetch ahead of use) is not implemented
- * yet, so the program keeps running in reactive mode. */
+ * iteration repeated DISCOVERY_ITERS + 1 times, with the same answer at two checks in a row.
+ * Profiling then follows the iteration for PROFILING_ITERS more passes, recording a timing event
+ * after each launch, and keeps per launch the median time between it and the previous launch on
+ * its stream (what the GPU spends on it, and so the compute a transfer can hide behind). It also
+ * follows it for at least 4096 launches: a layer repeated within each pass can look like the
+ * iteration for a while. A launch sequence that departs from the recorded iteration sends the
+ * recorder back to discovery (counted), and that period is not taken again. When profiling is done the
+ * link is measured, the configured strategy plans the iteration for the budget, the profile is
+ * written to PROFILE_OUT (when set) and handed to the plan executor (executor.h), which runs it
+ * from the next launch on. */
 #ifndef FS_RECORDER_H
 #define FS_RECORDER_H
 
@@ -22,6 +22,12 @@
 #include "device.h"
 #include "iteration.h"
 #include "profile.h"
+
+#define FS_REC_MAX_REJECTED 16
+
+/* Called (recorder locked) with the finished profile and its plan; returns true when it took
+ * the profile (then emptied it). */
+typedef bool (*fs_rec_plan_fn)(void *arg, struct fs_profile *p);
 
 enum fs_rec_phase { FS_REC_OFF, FS_REC_DISCOVERY, FS_REC_PROFILING, FS_REC_DONE };
 
@@ -70,13 +76,21 @@ struct fs_recorder {
     int nnames;
     size_t cap_names;
     uint64_t departures;
+    uint64_t followed;  /* launches matched since profiling began */
+    int rejected[FS_REC_MAX_REJECTED]; /* periods the program left: not its iteration */
+    int nrejected;
+    fs_rec_plan_fn on_plan;
+    void *on_plan_arg;
 };
 
 struct fs_rec_config {
     int discovery_iters, profiling_iters;
     uint64_t budget;
     const char *strategy;
-    const char *out_path; /* where the profile is saved */
+    const char *out_path;    /* where the profile is saved; "" or NULL: not saved */
+    bool idle;               /* start done, not discovering (a saved profile runs instead) */
+    fs_rec_plan_fn on_plan;  /* optional: who runs the plan */
+    void *on_plan_arg;
 };
 
 int fs_rec_init(struct fs_recorder *r, struct fs_device *dev, const struct fs_rec_config *cfg);
@@ -88,11 +102,17 @@ static inline bool fs_rec_active(const struct fs_recorder *r)
     return phase == FS_REC_DISCOVERY || phase == FS_REC_PROFILING;
 }
 
-/* A managed allocation was made (ORDER counts from 0 in allocation order). */
+/* Discover again from the next launch (the program left the plan's iteration, or a saved
+ * profile did not match it). */
+void fs_rec_restart(struct fs_recorder *r);
+
+/* A managed allocation was made (ORDER counts from 0 in allocation order); noted in every
+ * phase, so a later discovery knows every allocation. */
 void fs_rec_note_alloc(struct fs_recorder *r, uint64_t order, uint64_t size, uint64_t mapped);
 
-/* A launch was queued: FUNC (NULL for copies), STREAM, and the allocation orders it referenced. */
-void fs_rec_launch(struct fs_recorder *r, const void *func, fs_stream stream,
+/* A launch was queued: FUNC (NULL for copies), its signature SIG (launch.h), STREAM, and the
+ * allocation orders it referenced. */
+void fs_rec_launch(struct fs_recorder *r, const void *func, uint64_t sig, fs_stream stream,
                    const uint64_t *orders, int n);
 
 /* Build the profile recorded so far (used by fs_rec_launch when profiling ends; exposed for

@@ -153,7 +153,7 @@ int fs_res_init(struct fs_residency *res, struct fs_device *dev, const struct fs
     pthread_mutex_init(&res->ev_lock, NULL);
     pthread_cond_init(&res->moved, NULL);
     pthread_cond_init(&res->pinner_wake, NULL);
-    res->epoch = 1;
+    res->epoch = res->synced_epoch = 1;
     if (cfg->background_pinning) {
         if (pthread_create(&res->pinner, NULL, pinner_main, res) == 0)
             res->pinner_started = true;
@@ -244,22 +244,25 @@ static void end_move(struct fs_residency *res, struct fs_alloc *a, int state)
  * moving. Pair with quiesce_end. */
 static int quiesce_begin(struct fs_residency *res, struct fs_alloc *a)
 {
-    uint64_t epoch = LOAD(&res->epoch);
     if (res->strict) {
         __atomic_add_fetch(&res->gate, 1, __ATOMIC_SEQ_CST);
         while (__atomic_load_n(&res->launches_inflight, __ATOMIC_SEQ_CST) != 0)
             sched_yield();
     } else {
-        if (LOAD(&a->touch_epoch) < epoch && LOAD(&res->unknown_epoch) < epoch)
-            return FS_OK; /* untouched since the last full synchronize */
+        uint64_t synced = LOAD(&res->synced_epoch);
+        if (LOAD(&a->touch_epoch) < synced && LOAD(&res->unknown_epoch) < synced)
+            return FS_OK; /* untouched since a full synchronize */
         struct fs_shared_event *e = a->last_use;
-        if (LOAD(&res->unknown_epoch) < epoch && e && a->event_tick >= LOAD(&a->last_tick))
+        if (LOAD(&res->unknown_epoch) < synced && e && a->event_tick >= LOAD(&a->last_tick))
             return fs_dev_call(res->dev, event_sync, e->ev);
     }
     STAT(res, quiesce_syncs, 1);
+    /* The new epoch starts before the synchronize: a launch stamped with an older one was
+     * queued before it began, so the synchronize covers it. */
+    uint64_t next = __atomic_add_fetch(&res->epoch, 1, __ATOMIC_ACQ_REL);
     int rc = fs_dev_call(res->dev, ctx_sync);
-    if (rc == FS_OK)
-        STORE(&res->epoch, epoch + 1);
+    if (rc == FS_OK && LOAD(&res->synced_epoch) < next)
+        STORE(&res->synced_epoch, next);
     return rc;
 }
 
@@ -631,34 +634,49 @@ void fs_res_launch_done(struct fs_residency *res, uint64_t tick, fs_stream strea
             event_put(res, old);
         }
     }
-    for (int i = 0; i < n; i++)
+    /* Stamped again now that the launch is queued: a synchronize that began before this point
+     * may not cover it. */
+    uint64_t epoch = LOAD(&res->epoch);
+    for (int i = 0; i < n; i++) {
+        STORE(&allocs[i]->touch_epoch, epoch);
         __atomic_sub_fetch(&allocs[i]->inflight, 1, __ATOMIC_SEQ_CST);
+    }
     leave_gate(res);
 }
 
 /* ---- planner entry points ------------------------------------------------------------------- */
 
-int fs_res_make_resident(struct fs_residency *res, struct fs_alloc *a)
+int fs_res_prefetch_id(struct fs_residency *res, uint64_t id)
 {
     pthread_mutex_lock(&res->lock);
-    while (LOAD(&a->state) == FS_RES_MOVING)
+    struct fs_alloc *a = find_by_id(res, id);
+    while (a && LOAD(&a->state) == FS_RES_MOVING) {
         pthread_cond_wait(&res->moved, &res->lock);
-    bool moves = LOAD(&a->state) == FS_RES_HOST;
-    int rc = fault_in_locked(res, a, NULL, 0);
-    if (rc == FS_OK && moves) {
-        STAT(res, prefetches, 1);
-        STAT(res, prefetched_bytes, a->mapped);
+        a = find_by_id(res, id); /* freed meanwhile? */
+    }
+    int rc = FS_ERR_NOT_FOUND;
+    if (a) {
+        bool moves = LOAD(&a->state) == FS_RES_HOST;
+        rc = fault_in_locked(res, a, NULL, 0);
+        if (rc == FS_OK && moves) {
+            STAT(res, prefetches, 1);
+            STAT(res, prefetched_bytes, a->mapped);
+        }
     }
     pthread_mutex_unlock(&res->lock);
     return rc;
 }
 
-int fs_res_evict(struct fs_residency *res, struct fs_alloc *a)
+int fs_res_evict_id(struct fs_residency *res, uint64_t id)
 {
     pthread_mutex_lock(&res->lock);
-    while (LOAD(&a->state) == FS_RES_MOVING)
+    struct fs_alloc *a = find_by_id(res, id);
+    while (a && LOAD(&a->state) == FS_RES_MOVING) {
         pthread_cond_wait(&res->moved, &res->lock);
-    int rc = evict_locked(res, a);
+        a = find_by_id(res, id);
+    }
+    int rc = !a ? FS_ERR_NOT_FOUND
+                : LOAD(&a->state) == FS_RES_HOST ? FS_OK : evict_locked(res, a);
     pthread_mutex_unlock(&res->lock);
     return rc;
 }

@@ -10,9 +10,12 @@
  *     queued finish queuing, and synchronizes the device: nothing can touch the range, not even
  *     a kernel that reaches it through a pointer kept in device memory;
  *   - tracked: only launches that referenced the allocation are waited for: its last-use event
- *     (recorded once memory pressure began) must have fired; an allocation touched in the
- *     current quiescence epoch with no covering event, or any launch whose parameters could not
- *     be read in this epoch, forces a full synchronize first, which starts a new epoch.
+ *     (recorded once memory pressure began, or a plan runs) must have fired; an allocation
+ *     touched since the last full synchronize with no covering event, or any launch whose
+ *     parameters could not be read queued since then, forces a full synchronize first. Epochs
+ *     tell "since": a full synchronize starts a new epoch before it begins, and launches are
+ *     stamped with the epoch once queued, so work stamped with an older epoch than the last
+ *     completed synchronize's is done.
  * Eviction always writes the device bytes back to host (invariant 3: no unchecked shortcut).
  *
  * All state changes happen under one mutex; the launch hot path (launch.c) only reads atomics. */
@@ -82,8 +85,9 @@ struct fs_residency {
     struct fs_alloc **allocs;
     int nallocs, cap_allocs;
     uint64_t next_id;
-    uint64_t epoch;         /* atomic */
-    uint64_t unknown_epoch; /* epoch of the last unreadable launch, atomic */
+    uint64_t epoch;         /* atomic; a full synchronize starts a new one before it begins */
+    uint64_t synced_epoch;  /* atomic; work stamped with an older epoch has completed */
+    uint64_t unknown_epoch; /* epoch of the last unreadable launch (stamped once queued), atomic */
     uint64_t tick;          /* launch counter, atomic */
     bool strict;            /* REMAP_SAFETY=strict */
     int gate;               /* strict: remaps waiting or running, atomic */
@@ -122,12 +126,20 @@ static inline struct fs_alloc *fs_res_lookup(const struct fs_residency *res, uin
     return a && addr < a->va + a->size ? a : NULL;
 }
 
-/* Bring A onto the device now (the caller waits): the "make resident ahead of use" entry the
- * planner drives. FS_ERR_NOMEM when the budget cannot make room (A stays on host). */
-int fs_res_make_resident(struct fs_residency *res, struct fs_alloc *a);
+/* The planner's moves, by allocation order ID (the allocation may have been freed meanwhile:
+ * FS_ERR_NOT_FOUND). Prefetch: bring it onto the device now (the caller waits; "make resident
+ * ahead of use"); FS_ERR_NOMEM when the budget cannot make room (it stays on host). Evict: to
+ * host with write-back; FS_OK when it is there already, FS_ERR_NOT_READY while a launch being
+ * queued holds it. */
+int fs_res_prefetch_id(struct fs_residency *res, uint64_t id);
+int fs_res_evict_id(struct fs_residency *res, uint64_t id);
 
-/* Evict A to host (write-back). FS_ERR_NOT_READY when a launch holds it. */
-int fs_res_evict(struct fs_residency *res, struct fs_alloc *a);
+/* Record last-use events from now on (tracked mode), as the first eviction does: a plan is about
+ * to move allocations, and each move should wait only for the launches that used it. */
+static inline void fs_res_expect_moves(struct fs_residency *res)
+{
+    __atomic_store_n(&res->pressure, 1, __ATOMIC_RELEASE);
+}
 
 /* Begin a launch (every launch, N may be 0) that references ALLOCS (distinct): in strict mode
  * wait while a remap is in progress; take a hold on each so none is remapped
@@ -144,7 +156,8 @@ uint64_t fs_res_launch_begin(struct fs_residency *res, struct fs_alloc *const *a
 void fs_res_launch_done(struct fs_residency *res, uint64_t tick, fs_stream stream,
                         struct fs_alloc *const *allocs, int n, bool queued);
 
-/* A launch whose parameters could not be read: the next remap synchronizes the device first. */
+/* A launch whose parameters could not be read, once queued: the next remap synchronizes the
+ * device first. */
 static inline void fs_res_note_unknown(struct fs_residency *res)
 {
     __atomic_store_n(&res->unknown_epoch, __atomic_load_n(&res->epoch, __ATOMIC_ACQUIRE),

@@ -184,15 +184,54 @@ static void test_allocation_failure_falls_back(void **state)
 
 static const int layer_kernel, head_kernel;
 
-/* The program: 6 layers of 32 MiB weights and a head reading all activations, in a loop. */
-static void run_program(struct fs_device *dev, uint64_t *w, int nlayers, uint64_t act,
-                        int iterations)
+/* Each layer kernel checks that its weight still holds the layer's mark (evictions and prefetches
+ * must carry the bytes along, and no remap may happen under a kernel). */
+struct mark_check {
+    uint64_t expect;
+    int *errors;
+};
+
+static void check_mark(void *ctx, void *const *ptrs, int nptrs)
+{
+    const struct mark_check *c = ctx;
+    uint64_t got;
+    memcpy(&got, ptrs[0], sizeof(got));
+    if (nptrs != 1 || got != c->expect)
+        (*c->errors)++;
+}
+
+/* The program's allocations: activations (56 MiB) then NLAYERS weights (2 MiB, or WSIZE2 for
+ * the third), each weight marked with its layer number + 1. Small, so that the copies the
+ * simulator makes stay cheap under valgrind; the smallest budget is 64 MiB. */
+static void alloc_program(struct fs_device *dev, uint64_t *w, int nlayers, uint64_t *act,
+                          uint64_t wsize2)
+{
+    assert_int_equal(fs_engine_alloc(56 * MIB, 0, act), FS_OK);
+    for (int l = 0; l < nlayers; l++) {
+        assert_int_equal(fs_engine_alloc(l == 2 ? wsize2 : 2 * MIB, 0, &w[l]), FS_OK);
+        uint64_t mark = (uint64_t)l + 1;
+        assert_int_equal(fs_sim_write(dev, w[l], &mark, sizeof(mark)), FS_OK);
+    }
+}
+
+/* The program: NLAYERS layers, each a kernel reading its weight and the activations followed by
+ * ACT_KERNELS kernels on the activations alone, then a head on the activations, in a loop.
+ * Returns the number of layer kernels that found a wrong mark. */
+enum { ACT_KERNELS = 4 };
+static int run_program(struct fs_device *dev, uint64_t *w, int nlayers, uint64_t act,
+                       int iterations)
 {
     fs_stream s;
+    int errors = 0;
+    struct mark_check checks[16];
+    assert_true(nlayers <= 16);
+    for (int l = 0; l < nlayers; l++)
+        checks[l] = (struct mark_check){(uint64_t)l + 1, &errors};
     assert_int_equal(fs_sim_stream_create(dev, &s), FS_OK);
     for (int it = 0; it < iterations; it++) {
-        for (int l = 0; l <= nlayers; l++) {
-            bool head = l == nlayers;
+        for (int k = 0; k <= nlayers * (ACT_KERNELS + 1); k++) {
+            int l = k / (ACT_KERNELS + 1);
+            bool head = k % (ACT_KERNELS + 1) != 0 || l == nlayers;
             uint64_t params[2] = {head ? act : w[l], act};
             void *argv[2] = {&params[0], &params[1]};
             struct fs_launch_desc d = {.func = head ? &head_kernel : &layer_kernel,
@@ -202,41 +241,57 @@ static void run_program(struct fs_device *dev, uint64_t *w, int nlayers, uint64_
             fs_dptr ptrs[1] = {params[0]};
             uint64_t sizes[1] = {64};
             assert_int_equal(fs_sim_launch(dev, s, head ? 50000 : 100000 + 10000 * (uint64_t)l,
-                                           ptrs, sizes, 1, NULL, NULL),
+                                           ptrs, sizes, 1, head ? NULL : check_mark,
+                                           head ? NULL : &checks[l]),
                              FS_OK);
             fs_engine_launch_exit(&t, true);
         }
     }
     assert_int_equal(dev->ops->ctx_sync(dev), FS_OK);
+    fs_engine_drain_moves();
+    assert_int_equal(dev->ops->ctx_sync(dev), FS_OK);
     assert_int_equal(dev->ops->stream_destroy(dev, s), FS_OK);
+    return errors;
 }
+
+static void register_kernels(struct fs_device *dev)
+{
+    uint32_t off[2] = {0, 8}, sz[2] = {8, 8};
+    fs_sim_register_kernel(dev, &layer_kernel, off, sz, 2);
+    fs_sim_register_kernel(dev, &head_kernel, off, sz, 2);
+}
+
+/* A path for a profile that does not exist yet. */
+static void fresh_path(char *path, size_t len)
+{
+    fs_test_write_file(path, len, "");
+    unlink(path);
+}
+
+enum { L = 6, PER_ITER = L * (ACT_KERNELS + 1) + 1 };
+#define MIN_OFFLOAD "FLEXTENSOR_MIN_OFFLOAD_BYTES=1MiB"
 
 static void test_profile_recorded_and_planned(void **state)
 {
     (void)state;
     struct fs_device *dev = open_sim();
-    uint32_t off[2] = {0, 8}, sz[2] = {8, 8};
-    fs_sim_register_kernel(dev, &layer_kernel, off, sz, 2);
-    fs_sim_register_kernel(dev, &head_kernel, off, sz, 2);
+    register_kernels(dev);
     char path[64], out_env[128];
-    fs_test_write_file(path, sizeof(path), "");
-    unlink(path);
+    fresh_path(path, sizeof(path));
     snprintf(out_env, sizeof(out_env), "FLEXTENSOR_PROFILE_OUT=%s", path);
-    char *envp[] = {"FLEXTENSOR_CONFIG=", "FLEXTENSOR_GPU_MEMORY_LIMIT=128MiB",
+    char *envp[] = {"FLEXTENSOR_CONFIG=", "FLEXTENSOR_GPU_MEMORY_LIMIT=64MiB", MIN_OFFLOAD,
                     "FLEXTENSOR_PROFILING_ITERS=3", "FLEXTENSOR_STRATEGY=global", out_env, NULL};
     start(dev, envp);
-    enum { L = 6 };
     uint64_t w[L], act;
-    assert_int_equal(fs_engine_alloc(16 * MIB, 0, &act), FS_OK);
-    for (int l = 0; l < L; l++)
-        assert_int_equal(fs_engine_alloc(32 * MIB, 0, &w[l]), FS_OK);
-    run_program(dev, w, L, act, 320); /* 2240 launches: discovery looks every 1024 and takes
-                                       * the period when two looks agree */
+    alloc_program(dev, w, L, &act, 2 * MIB);
+    /* 9300 launches: discovery looks every 1024 and takes the period when two looks agree; then
+     * profiling follows it for 4096 launches; then the plan runs. */
+    assert_int_equal(run_program(dev, w, L, act, 300), 0);
 
     struct fs_profile p;
     char err[512] = "";
     assert_int_equal(fs_profile_load(path, &p, err, sizeof(err)), FS_OK);
-    assert_int_equal(p.nlaunches, L + 1);
+    assert_int_equal(p.nlaunches, PER_ITER);
     assert_int_equal(p.nallocs, L + 1);
     assert_string_equal(p.device_name, "flexshim simulated device");
     /* The iteration starts where the program's does (no pauses here: any rotation is one
@@ -254,18 +309,122 @@ static void test_profile_recorded_and_planned(void **state)
         else
             assert_true(p.launches[i].duration_us >= 99.0);
     }
-    assert_int_equal(heads, 1);
-    assert_int_equal(p.allocs[0].mapped, 16 * MIB);
+    assert_int_equal(heads, PER_ITER - L);
+    assert_int_equal(p.allocs[0].mapped, 56 * MIB);
     assert_true(p.allocs[1].first_use >= 0);
     /* The plan: made by the configured strategy for the budget, and valid. */
     assert_string_equal(p.plan.strategy, "global");
-    assert_int_equal(p.plan.budget, 128 * MIB);
-    assert_true(p.plan.peak_bytes <= 128 * MIB);
+    assert_int_equal(p.plan.budget, 64 * MIB);
+    assert_true(p.plan.peak_bytes <= 64 * MIB);
     assert_int_equal(fs_plan_evaluate(&p, &p.plan), FS_OK);
     assert_true(p.bw.h2d_bytes_per_us > 0);
+    /* ... and it ran for the rest of the program. */
+    struct fs_engine_stats st;
+    fs_engine_get_stats(&st);
+    assert_int_equal(st.exec.plans, 1);
+    assert_true(st.exec.synced > 500);
+    assert_true(st.exec.departures == 0);
+    assert_true(st.exec.prefetches > 0);
+    assert_int_equal(st.exec.move_failures, 0);
     fs_profile_free(&p);
     unlink(path);
     stop(dev);
+}
+
+/* Record a profile of the program at BUDGET into PATH (a fresh engine). */
+static void record_profile(const char *path, const char *budget_env)
+{
+    struct fs_device *dev = open_sim();
+    register_kernels(dev);
+    char out_env[128];
+    snprintf(out_env, sizeof(out_env), "FLEXTENSOR_PROFILE_OUT=%s", path);
+    char *envp[] = {"FLEXTENSOR_CONFIG=", (char *)budget_env, MIN_OFFLOAD,
+                    "FLEXTENSOR_PROFILING_ITERS=3", out_env, NULL};
+    start(dev, envp);
+    uint64_t w[L], act;
+    alloc_program(dev, w, L, &act, 2 * MIB);
+    assert_int_equal(run_program(dev, w, L, act, 270), 0);
+    stop(dev);
+    struct fs_profile p;
+    char err[512];
+    assert_int_equal(fs_profile_load(path, &p, err, sizeof(err)), FS_OK);
+    fs_profile_free(&p);
+}
+
+/* A saved profile: the next run skips discovery and profiling and runs the plan from its first
+ * iteration; the data stays exact; evictions follow the plan instead of fault-ins. */
+static void test_plan_runs_from_saved_profile(void **state)
+{
+    (void)state;
+    char path[64], in_env[128];
+    fresh_path(path, sizeof(path));
+    record_profile(path, "FLEXTENSOR_GPU_MEMORY_LIMIT=64MiB");
+    struct fs_device *dev = open_sim();
+    register_kernels(dev);
+    snprintf(in_env, sizeof(in_env), "FLEXTENSOR_PROFILE=%s", path);
+    char *envp[] = {"FLEXTENSOR_CONFIG=", "FLEXTENSOR_GPU_MEMORY_LIMIT=64MiB", MIN_OFFLOAD,
+                    "FLEXTENSOR_REMAP_SAFETY=tracked", in_env, NULL};
+    start(dev, envp);
+    uint64_t w[L], act;
+    alloc_program(dev, w, L, &act, 2 * MIB);
+    enum { ITERS = 40 };
+    assert_int_equal(run_program(dev, w, L, act, ITERS), 0);
+    struct fs_engine_stats st;
+    fs_engine_get_stats(&st);
+    assert_int_equal(st.exec.plans, 1);
+    /* Found within the first iteration after the window filled, and followed from then on. */
+    assert_int_equal(st.exec.syncs, 1);
+    assert_int_equal(st.exec.departures, 0);
+    assert_true(st.exec.synced >= (uint64_t)ITERS * PER_ITER - FS_EXEC_SYNC_WINDOW);
+    /* 68 MiB of weights and activations under 64 MiB: the plan moves weights every iteration,
+     * and the mover (not the launching thread) does it. */
+    assert_true(st.exec.prefetches >= ITERS);
+    assert_true(st.res.prefetches >= ITERS);
+    assert_int_equal(st.exec.move_failures, 0);
+    assert_true(st.res.device_bytes_peak <= 64 * MIB);
+    stop(dev);
+    unlink(path);
+}
+
+/* A profile that does not describe the program (another size for allocation 3), or that cannot
+ * be read, is refused and the program is discovered again (a new profile is saved). */
+static void test_mismatched_or_corrupt_profile_rediscovers(void **state)
+{
+    (void)state;
+    char path[64], out[64], in_env[128], out_env[128];
+    fresh_path(path, sizeof(path));
+    record_profile(path, "FLEXTENSOR_GPU_MEMORY_LIMIT=64MiB");
+    for (int corrupt = 0; corrupt < 2; corrupt++) {
+        char bad[64];
+        if (corrupt)
+            fs_test_write_file(bad, sizeof(bad), "{\"schema_version\": 1, \"alloc");
+        snprintf(in_env, sizeof(in_env), "FLEXTENSOR_PROFILE=%s", corrupt ? bad : path);
+        fresh_path(out, sizeof(out));
+        snprintf(out_env, sizeof(out_env), "FLEXTENSOR_PROFILE_OUT=%s", out);
+        struct fs_device *dev = open_sim();
+        register_kernels(dev);
+        char *envp[] = {"FLEXTENSOR_CONFIG=", "FLEXTENSOR_GPU_MEMORY_LIMIT=64MiB", MIN_OFFLOAD,
+                        in_env, out_env, "FLEXTENSOR_PROFILING_ITERS=2", NULL};
+        start(dev, envp);
+        uint64_t w[L], act;
+        alloc_program(dev, w, L, &act, corrupt ? 2 * MIB : 4 * MIB);
+        assert_int_equal(run_program(dev, w, L, act, 270), 0);
+        struct fs_engine_stats st;
+        fs_engine_get_stats(&st);
+        /* Mismatch: the saved plan was installed, then refused at allocation 3 before any
+         * launch; corrupt: never installed. Either way the plan that runs is a new one. */
+        assert_int_equal(st.exec.plans, corrupt ? 1 : 2);
+        struct fs_profile p;
+        char err[512];
+        assert_int_equal(fs_profile_load(out, &p, err, sizeof(err)), FS_OK);
+        assert_int_equal(p.allocs[3].size, corrupt ? 2 * MIB : 4 * MIB);
+        fs_profile_free(&p);
+        stop(dev);
+        unlink(out);
+        if (corrupt)
+            unlink(bad);
+    }
+    unlink(path);
 }
 
 int main(void)
@@ -280,6 +439,8 @@ int main(void)
         cmocka_unit_test(test_no_launch_tracking_means_unmanaged),
         cmocka_unit_test(test_allocation_failure_falls_back),
         cmocka_unit_test(test_profile_recorded_and_planned),
+        cmocka_unit_test(test_plan_runs_from_saved_profile),
+        cmocka_unit_test(test_mismatched_or_corrupt_profile_rediscovers),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }

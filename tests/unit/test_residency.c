@@ -465,14 +465,16 @@ static void test_evict_and_make_resident(void **state)
     assert_int_equal(fs_res_alloc(&e.res, 16 * MIB, &v), FS_OK);
     fill(&e, v, 16 * MIB, 9);
     struct fs_alloc *a = fs_res_lookup(&e.res, v);
-    assert_int_equal(fs_res_evict(&e.res, a), FS_OK);
+    assert_int_equal(fs_res_evict_id(&e.res, a->id), FS_OK);
     assert_int_equal(where(&e, v), FS_LOC_HOST);
-    assert_int_equal(fs_res_evict(&e.res, a), FS_ERR_INVALID); /* already on host */
+    assert_int_equal(fs_res_evict_id(&e.res, a->id), FS_OK); /* already on host: nothing to do */
     check(&e, v, 16 * MIB, 9, 0);
-    assert_int_equal(fs_res_make_resident(&e.res, a), FS_OK);
+    assert_int_equal(fs_res_prefetch_id(&e.res, a->id), FS_OK);
     assert_int_equal(where(&e, v), FS_LOC_DEVICE);
-    assert_int_equal(fs_res_make_resident(&e.res, a), FS_OK); /* already there: nothing to do */
+    assert_int_equal(fs_res_prefetch_id(&e.res, a->id), FS_OK); /* already there */
     check(&e, v, 16 * MIB, 9, 0);
+    assert_int_equal(fs_res_prefetch_id(&e.res, a->id + 1), FS_ERR_NOT_FOUND);
+    assert_int_equal(fs_res_evict_id(&e.res, a->id + 1), FS_ERR_NOT_FOUND);
     struct fs_res_stats s;
     fs_res_get_stats(&e.res, &s);
     assert_int_equal(s.evictions, 1);

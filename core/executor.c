@@ -1,0 +1,456 @@
+#include "executor.h"
+
+#include <stdlib.h>
+#include <string.h>
+
+#include "log.h"
+#include "strategies/strategy.h"
+
+#define HASH_MUL 0x100000001b3ull /* odd: the rolling hash's base */
+#define TAB_EMPTY (-1)
+#define TAB_AMBIGUOUS (-2)
+
+/* ---- the mover ------------------------------------------------------------------------------ */
+
+static void *mover_main(void *arg)
+{
+    struct fs_executor *x = arg;
+    fs_dev_call(x->res->dev, bind_thread);
+    pthread_mutex_lock(&x->lock);
+    for (;;) {
+        while (!x->stop && x->q_len == 0) {
+            x->busy = false;
+            pthread_cond_broadcast(&x->done);
+            pthread_cond_wait(&x->wake, &x->lock);
+        }
+        if (x->stop)
+            break;
+        struct fs_exec_job job = x->q[x->q_head];
+        x->q_head = (x->q_head + 1) % x->q_cap;
+        x->q_len--;
+        x->busy = true;
+        pthread_mutex_unlock(&x->lock);
+        int rc = job.evict ? fs_res_evict_id(x->res, job.id) : fs_res_prefetch_id(x->res, job.id);
+        pthread_mutex_lock(&x->lock);
+        if (!job.evict && job.id < (uint64_t)x->prof.nallocs && x->pending[job.id] > 0)
+            x->pending[job.id]--;
+        pthread_cond_broadcast(&x->done);
+        if (rc == FS_ERR_NOT_READY)
+            x->stats.evict_busy++;
+        else if (rc != FS_OK && rc != FS_ERR_NOT_FOUND)
+            x->stats.move_failures++;
+    }
+    x->busy = false;
+    pthread_cond_broadcast(&x->done);
+    pthread_mutex_unlock(&x->lock);
+    return NULL;
+}
+
+/* Lock held. */
+static void queue_move(struct fs_executor *x, uint64_t id, bool evict)
+{
+    if (x->q_len == x->q_cap) {
+        x->stats.dropped++;
+        return;
+    }
+    x->q[(x->q_head + x->q_len) % x->q_cap] = (struct fs_exec_job){id, evict};
+    x->q_len++;
+    if (!evict && id < (uint64_t)x->prof.nallocs)
+        x->pending[id]++;
+    if (evict)
+        x->stats.evictions++;
+    else
+        x->stats.prefetches++;
+    pthread_cond_signal(&x->wake);
+}
+
+int fs_exec_init(struct fs_executor *x, struct fs_residency *res)
+{
+    memset(x, 0, sizeof(*x));
+    x->res = res;
+    pthread_mutex_init(&x->lock, NULL);
+    pthread_cond_init(&x->wake, NULL);
+    pthread_cond_init(&x->done, NULL);
+    if (pthread_create(&x->mover, NULL, mover_main, x) != 0) {
+        pthread_cond_destroy(&x->done);
+        pthread_cond_destroy(&x->wake);
+        pthread_mutex_destroy(&x->lock);
+        return FS_ERR_NOMEM;
+    }
+    x->mover_started = true;
+    return FS_OK;
+}
+
+/* The installed plan's tables and profile (lock held or executor stopped). */
+static void free_plan(struct fs_executor *x)
+{
+    fs_profile_free(&x->prof);
+    free(x->pf_start);
+    free(x->pf_ids);
+    free(x->ev_start);
+    free(x->ev_ids);
+    free(x->tab_key);
+    free(x->tab_pos);
+    free(x->q);
+    free(x->pending);
+    x->pf_start = x->pf_ids = x->ev_start = x->ev_ids = x->tab_pos = x->pending = NULL;
+    x->tab_key = NULL;
+    x->q = NULL;
+    x->q_cap = x->q_len = x->q_head = 0;
+}
+
+void fs_exec_destroy(struct fs_executor *x)
+{
+    if (!x->mover_started)
+        return;
+    pthread_mutex_lock(&x->lock);
+    x->stop = true;
+    __atomic_store_n(&x->running, 0, __ATOMIC_RELEASE);
+    pthread_cond_signal(&x->wake);
+    pthread_mutex_unlock(&x->lock);
+    pthread_join(x->mover, NULL);
+    free_plan(x);
+    pthread_cond_destroy(&x->done);
+    pthread_cond_destroy(&x->wake);
+    pthread_mutex_destroy(&x->lock);
+    memset(x, 0, sizeof(*x));
+}
+
+/* ---- the plan's tables ---------------------------------------------------------------------- */
+
+/* Does the plan keep allocation A on the device during launch I? */
+static bool present_at(const struct fs_plan_entry *e, int i)
+{
+    if (e->resident)
+        return true;
+    if (e->prefetch_at < 0)
+        return false;
+    if (e->prefetch_at <= e->evict_after)
+        return i >= e->prefetch_at && i <= e->evict_after;
+    return i >= e->prefetch_at || i <= e->evict_after;
+}
+
+/* CSR lists: for each launch, the allocations whose prefetch (EVICT false: prefetch_at) or
+ * eviction (evict_after) is planned there. */
+static int build_actions(const struct fs_profile *p, bool evict, int **start_out, int **ids_out)
+{
+    int n = p->nlaunches;
+    int *start = calloc((size_t)n + 1, sizeof(int));
+    int *ids = malloc(((size_t)p->nallocs + 1) * sizeof(int));
+    if (!start || !ids) {
+        free(start);
+        free(ids);
+        return FS_ERR_NOMEM;
+    }
+    for (int a = 0; a < p->nallocs; a++) {
+        const struct fs_plan_entry *e = &p->plan.entries[a];
+        int at = evict ? e->evict_after : e->prefetch_at;
+        if (!e->resident && at >= 0)
+            start[at + 1]++;
+    }
+    for (int i = 0; i < n; i++)
+        start[i + 1] += start[i];
+    int *fill = calloc((size_t)n + 1, sizeof(int));
+    if (!fill) {
+        free(start);
+        free(ids);
+        return FS_ERR_NOMEM;
+    }
+    for (int a = 0; a < p->nallocs; a++) {
+        const struct fs_plan_entry *e = &p->plan.entries[a];
+        int at = evict ? e->evict_after : e->prefetch_at;
+        if (!e->resident && at >= 0)
+            ids[start[at] + fill[at]++] = a;
+    }
+    free(fill);
+    *start_out = start;
+    *ids_out = ids;
+    return FS_OK;
+}
+
+static uint64_t window_hash(const struct fs_profile *p, int end)
+{
+    int n = p->nlaunches;
+    uint64_t h = 0;
+    for (int k = FS_EXEC_SYNC_WINDOW - 1; k >= 0; k--) {
+        int i = ((end - k) % n + n) % n;
+        h = h * HASH_MUL + p->launches[i].kernel;
+    }
+    return h;
+}
+
+static size_t tab_slot(const struct fs_executor *x, uint64_t key)
+{
+    size_t i = (size_t)((key ^ (key >> 29)) * 0x9E3779B97F4A7C15ull) & x->tab_mask;
+    while (x->tab_pos[i] != TAB_EMPTY && x->tab_key[i] != key)
+        i = (i + 1) & x->tab_mask;
+    return i;
+}
+
+/* Each launch's window of FS_EXEC_SYNC_WINDOW signatures (ending with it) -> the launch, unless
+ * the same window ends several launches (repeated layers): those cannot tell where we are. */
+static int build_table(struct fs_executor *x)
+{
+    size_t cap = 64;
+    while (cap < 2 * (size_t)x->prof.nlaunches)
+        cap *= 2;
+    x->tab_key = malloc(cap * sizeof(uint64_t));
+    x->tab_pos = malloc(cap * sizeof(int));
+    if (!x->tab_key || !x->tab_pos)
+        return FS_ERR_NOMEM;
+    x->tab_mask = cap - 1;
+    for (size_t i = 0; i < cap; i++)
+        x->tab_pos[i] = TAB_EMPTY;
+    for (int q = 0; q < x->prof.nlaunches; q++) {
+        uint64_t key = window_hash(&x->prof, q);
+        size_t s = tab_slot(x, key);
+        x->tab_pos[s] = x->tab_pos[s] == TAB_EMPTY ? q : TAB_AMBIGUOUS;
+        x->tab_key[s] = key;
+    }
+    return FS_OK;
+}
+
+int fs_exec_install(struct fs_executor *x, struct fs_profile *p)
+{
+    struct fs_executor staged = {0};
+    staged.prof = *p;
+    memset(p, 0, sizeof(*p));
+    struct fs_profile *sp = &staged.prof;
+    int rc = FS_OK;
+    if (sp->nlaunches <= 0 || !sp->plan.entries || sp->plan.nallocs != sp->nallocs ||
+        fs_plan_evaluate(sp, &sp->plan) != FS_OK)
+        rc = FS_ERR_INVALID;
+    if (rc == FS_OK)
+        rc = build_actions(sp, false, &staged.pf_start, &staged.pf_ids);
+    if (rc == FS_OK)
+        rc = build_actions(sp, true, &staged.ev_start, &staged.ev_ids);
+    if (rc == FS_OK)
+        rc = build_table(&staged);
+    if (rc == FS_OK) {
+        /* Every planned move of one iteration plus a full re-placement fit at once. */
+        staged.q_cap = 4 * (size_t)sp->nallocs + 1024;
+        staged.q = malloc(staged.q_cap * sizeof(*staged.q));
+        staged.pending = calloc((size_t)sp->nallocs + 1, sizeof(int));
+        if (!staged.q || !staged.pending)
+            rc = FS_ERR_NOMEM;
+    }
+    if (rc != FS_OK) {
+        free_plan(&staged);
+        return rc;
+    }
+    pthread_mutex_lock(&x->lock);
+    free_plan(x);
+    x->prof = staged.prof;
+    x->pf_start = staged.pf_start;
+    x->pf_ids = staged.pf_ids;
+    x->ev_start = staged.ev_start;
+    x->ev_ids = staged.ev_ids;
+    x->tab_key = staged.tab_key;
+    x->tab_pos = staged.tab_pos;
+    x->tab_mask = staged.tab_mask;
+    x->q = staged.q;
+    x->q_cap = staged.q_cap;
+    x->pending = staged.pending;
+    x->synced = x->ever_synced = false;
+    x->ring_len = x->ring_head = 0;
+    x->roll = 0;
+    x->roll_out_pow = 1;
+    for (int k = 1; k < FS_EXEC_SYNC_WINDOW; k++)
+        x->roll_out_pow *= HASH_MUL;
+    x->lost_run = 0;
+    x->gave_up = false;
+    x->stats.plans++;
+    fs_res_expect_moves(x->res);
+    __atomic_store_n(&x->running, 1, __ATOMIC_RELEASE);
+    pthread_mutex_unlock(&x->lock);
+    return FS_OK;
+}
+
+/* Lock held. */
+static void stop_locked(struct fs_executor *x)
+{
+    __atomic_store_n(&x->running, 0, __ATOMIC_RELEASE);
+    x->q_len = 0;
+    if (x->pending)
+        memset(x->pending, 0, (size_t)x->prof.nallocs * sizeof(int));
+    pthread_cond_broadcast(&x->done); /* nobody waits for a dropped prefetch */
+}
+
+void fs_exec_stop(struct fs_executor *x)
+{
+    pthread_mutex_lock(&x->lock);
+    stop_locked(x);
+    pthread_mutex_unlock(&x->lock);
+}
+
+int fs_exec_note_alloc(struct fs_executor *x, uint64_t id, uint64_t size, const char **why)
+{
+    if (!fs_exec_running(x))
+        return FS_OK;
+    int rc = FS_OK;
+    pthread_mutex_lock(&x->lock);
+    if (fs_exec_running(x) &&
+        fs_profile_match_alloc(&x->prof, id, size, x->mismatch, sizeof(x->mismatch)) != FS_OK) {
+        stop_locked(x);
+        if (why)
+            *why = x->mismatch;
+        rc = FS_ERR_NOT_FOUND;
+    }
+    pthread_mutex_unlock(&x->lock);
+    return rc;
+}
+
+/* ---- following the program ------------------------------------------------------------------ */
+
+/* The place was found at launch Q: queue what the plan wants there (lock held). Evictions
+ * first, so the prefetches find room. */
+static void place_for(struct fs_executor *x, int q)
+{
+    const struct fs_plan_entry *e = x->prof.plan.entries;
+    for (int a = 0; a < x->prof.nallocs; a++)
+        if (!present_at(&e[a], q))
+            queue_move(x, (uint64_t)a, true);
+    for (int a = 0; a < x->prof.nallocs; a++)
+        if (present_at(&e[a], q))
+            queue_move(x, (uint64_t)a, false);
+}
+
+static void ring_push(struct fs_executor *x, uint64_t sig)
+{
+    if (x->ring_len == FS_EXEC_SYNC_WINDOW) {
+        x->roll -= x->ring[x->ring_head] * x->roll_out_pow;
+        x->ring_head = (x->ring_head + 1) % FS_EXEC_SYNC_WINDOW;
+        x->ring_len--;
+    }
+    x->ring[(x->ring_head + x->ring_len) % FS_EXEC_SYNC_WINDOW] = sig;
+    x->ring_len++;
+    x->roll = x->roll * HASH_MUL + sig;
+}
+
+static int find_place(const struct fs_executor *x)
+{
+    if (x->ring_len < FS_EXEC_SYNC_WINDOW)
+        return -1;
+    size_t s = tab_slot(x, x->roll);
+    return x->tab_pos[s] >= 0 ? x->tab_pos[s] : -1;
+}
+
+static void give_up(struct fs_executor *x)
+{
+    stop_locked(x);
+    x->gave_up = true;
+    x->stats.give_ups++;
+    FS_WARN("plan: the program has not followed the profile's iteration for %llu launches; "
+            "running reactively (if the program's work changed, record its profile again)",
+            (unsigned long long)x->lost_run);
+}
+
+/* Lock held: the place of the launch with signature SIG in the iteration, or -1 (lost). */
+static int follow(struct fs_executor *x, uint64_t sig)
+{
+    int n = x->prof.nlaunches;
+    ring_push(x, sig);
+    if (x->synced) {
+        if (x->prof.launches[x->pos].kernel == sig) {
+            int cur = x->pos;
+            x->pos = (cur + 1) % n;
+            x->stats.synced++;
+            return cur;
+        }
+        x->synced = false;
+        x->stats.departures++;
+        FS_DEBUG("plan: launch %d of the iteration expected, another kernel came", x->pos);
+    }
+    int q = find_place(x);
+    if (q >= 0) {
+        if (!x->ever_synced)
+            FS_INFO("plan: the program reached the profile's iteration (launch %d of %d); "
+                    "running the plan", q, n);
+        x->synced = x->ever_synced = true;
+        x->pos = (q + 1) % n;
+        x->stats.syncs++;
+        x->stats.synced++;
+        x->lost_run = 0;
+        place_for(x, q);
+        return q;
+    }
+    x->stats.lost_launches++;
+    x->lost_run++;
+    /* Before the first match the program may still be loading or warming up: wait longer. */
+    uint64_t limit = x->ever_synced ? 4 * (uint64_t)n + 8192 : 16 * (uint64_t)n + 65536;
+    if (x->lost_run > limit)
+        give_up(x);
+    return -1;
+}
+
+void fs_exec_launch_enter(struct fs_executor *x, struct fs_launch_ticket *t)
+{
+    t->pos = -1;
+    if (!fs_exec_running(x))
+        return;
+    pthread_mutex_lock(&x->lock);
+    if (!fs_exec_running(x))
+        goto out;
+    int cur = follow(x, t->sig);
+    if (cur < 0)
+        goto out;
+    t->pos = cur;
+    for (int k = x->pf_start[cur]; k < x->pf_start[cur + 1]; k++)
+        queue_move(x, (uint64_t)x->pf_ids[k], false);
+    /* A planned allocation still on its way: wait for the mover rather than fault it in here
+     * (the thread usually runs ahead of the device, so this often waits for the device to reach
+     * the launch whose end frees the memory, not for a stall). */
+    for (int i = 0; i < t->n; i++) {
+        const struct fs_alloc *a = t->refs[i];
+        if (__atomic_load_n(&a->state, __ATOMIC_ACQUIRE) == FS_RES_DEVICE)
+            continue;
+        bool planned = a->id < (uint64_t)x->prof.nallocs &&
+                       present_at(&x->prof.plan.entries[a->id], cur);
+        if (!planned) {
+            x->stats.unplanned++;
+            continue;
+        }
+        x->stats.late++;
+        while (fs_exec_running(x) && x->pending[a->id] > 0)
+            pthread_cond_wait(&x->done, &x->lock);
+    }
+out:
+    pthread_mutex_unlock(&x->lock);
+}
+
+void fs_exec_launch_exit(struct fs_executor *x, const struct fs_launch_ticket *t)
+{
+    if (t->pos < 0 || !fs_exec_running(x))
+        return;
+    pthread_mutex_lock(&x->lock);
+    if (fs_exec_running(x) && t->pos < x->prof.nlaunches)
+        for (int k = x->ev_start[t->pos]; k < x->ev_start[t->pos + 1]; k++)
+            queue_move(x, (uint64_t)x->ev_ids[k], true);
+    pthread_mutex_unlock(&x->lock);
+}
+
+bool fs_exec_take_give_up(struct fs_executor *x)
+{
+    if (!__atomic_load_n(&x->gave_up, __ATOMIC_ACQUIRE))
+        return false;
+    pthread_mutex_lock(&x->lock);
+    bool g = x->gave_up;
+    x->gave_up = false;
+    pthread_mutex_unlock(&x->lock);
+    return g;
+}
+
+void fs_exec_drain(struct fs_executor *x)
+{
+    pthread_mutex_lock(&x->lock);
+    while (x->q_len > 0 || x->busy)
+        pthread_cond_wait(&x->done, &x->lock);
+    pthread_mutex_unlock(&x->lock);
+}
+
+void fs_exec_get_stats(struct fs_executor *x, struct fs_exec_stats *out)
+{
+    pthread_mutex_lock(&x->lock);
+    *out = x->stats;
+    pthread_mutex_unlock(&x->lock);
+}

@@ -1,0 +1,123 @@
+/* The plan executor: the inference phase. It runs a profile's plan while the program runs.
+ *
+ * Following the program: launches are matched to the profile's iteration one by one by kernel
+ * signature (launch.h). While they match, the executor knows the program's place in the plan.
+ * When one differs (another code path, other shapes) it is lost: the program runs reactively
+ * (residency.h) and every launch is counted as a departure until the last FS_EXEC_SYNC_WINDOW
+ * signatures match exactly one place of the iteration again. When it stays lost for long the
+ * executor gives up, so that the engine can discover and plan again.
+ *
+ * Running the plan: at the launch where an allocation's prefetch is planned, a prefetch is
+ * queued; after the launch that ends its window, an eviction. A mover thread performs them in
+ * order (eviction waits for the allocation's last use to complete, as residency.h requires), so
+ * the program's thread never copies or remaps for a plan: when a launch finds a planned
+ * allocation not on the device yet it waits for the mover's prefetch (counted as late; the
+ * launch's own fault-in brings it only if that prefetch failed). The thread usually runs ahead of
+ * the device, so such a wait often holds the thread back while the device still has work
+ * queued, rather than stalling the device. When the position is found, the executor first queues what the plan
+ * wants at that point: allocations outside their window go to host, resident ones come back.
+ *
+ * Matching the program: a profile describes allocations by order and size; each new managed
+ * allocation is checked, and the first that differs stops the executor (the engine says so and
+ * discovers again). */
+#ifndef FS_EXECUTOR_H
+#define FS_EXECUTOR_H
+
+#include <pthread.h>
+#include <stdbool.h>
+#include <stdint.h>
+
+#include "launch.h"
+#include "profile.h"
+#include "residency.h"
+
+/* Signatures that must match to find the place in the iteration again. */
+#define FS_EXEC_SYNC_WINDOW 32
+
+struct fs_exec_stats {
+    uint64_t plans;            /* plans installed */
+    uint64_t synced;           /* launches matched to their place in the plan */
+    uint64_t departures;       /* launches that differed from the plan's next one */
+    uint64_t lost_launches;    /* launches run while lost (reactively) */
+    uint64_t syncs;            /* times the place was found (first time included) */
+    uint64_t prefetches;       /* prefetches queued */
+    uint64_t evictions;        /* evictions queued */
+    uint64_t late;             /* references to planned-present allocations not on the device
+                                * when the launch was about to be queued (the thread waited) */
+    uint64_t unplanned;        /* references to allocations the plan had on host there */
+    uint64_t evict_busy;       /* evictions skipped: a launch held the allocation */
+    uint64_t move_failures;    /* moves that failed (the residency engine said why) */
+    uint64_t dropped;          /* moves not queued: queue full */
+    uint64_t give_ups;
+};
+
+struct fs_exec_job {
+    uint64_t id;
+    bool evict;
+};
+
+struct fs_executor {
+    struct fs_residency *res;
+    pthread_mutex_t lock;
+    int running; /* atomic: a plan is installed and being followed */
+    struct fs_profile prof; /* owned; its plan is the one run */
+    /* actions per launch, CSR: prefetches queued at launch i, evictions after it */
+    int *pf_start, *pf_ids, *ev_start, *ev_ids;
+    /* where the program is */
+    bool synced, ever_synced;
+    int pos;                 /* the next expected launch when synced */
+    uint64_t ring[FS_EXEC_SYNC_WINDOW];
+    int ring_len, ring_head;
+    uint64_t roll, roll_out_pow; /* rolling hash of the ring; its oldest entry's multiplier */
+    uint64_t *tab_key;       /* window hash -> position (or -2: ambiguous), open addressing */
+    int *tab_pos;
+    size_t tab_mask;
+    uint64_t lost_run;       /* consecutive lost launches */
+    bool gave_up;            /* set when giving up; fs_exec_take_give_up clears it */
+    char mismatch[256];      /* why the profile was refused, for the log */
+    /* the mover */
+    pthread_t mover;
+    bool mover_started, stop, busy;
+    pthread_cond_t wake, done; /* jobs queued; the queue drained */
+    struct fs_exec_job *q;
+    size_t q_cap, q_head, q_len;
+    int *pending;            /* per profile allocation: its prefetches queued or running */
+    struct fs_exec_stats stats;
+};
+
+/* Start the mover thread (no plan yet). */
+int fs_exec_init(struct fs_executor *x, struct fs_residency *res);
+void fs_exec_destroy(struct fs_executor *x);
+
+/* Run P's plan from now on; the executor takes P (on success and failure: P is emptied).
+ * FS_ERR_INVALID when P has no valid plan for its allocations. */
+int fs_exec_install(struct fs_executor *x, struct fs_profile *p);
+
+/* Stop following the plan (moves already queued are dropped); the program runs reactively. */
+void fs_exec_stop(struct fs_executor *x);
+
+static inline bool fs_exec_running(const struct fs_executor *x)
+{
+    return __atomic_load_n(&x->running, __ATOMIC_ACQUIRE) != 0;
+}
+
+/* A managed allocation of SIZE bytes with order ID was made. FS_ERR_NOT_FOUND when the profile
+ * has another size for that order: the executor stops, and *WHY (optional) points to a line
+ * saying which allocation differed. */
+int fs_exec_note_alloc(struct fs_executor *x, uint64_t id, uint64_t size, const char **why);
+
+/* Launch T, scanned and not yet holding its references: follow the program, queue the
+ * prefetches planned here, count late and unplanned references. Sets T->pos. */
+void fs_exec_launch_enter(struct fs_executor *x, struct fs_launch_ticket *t);
+/* After launch T was queued (or refused): queue the evictions planned after it. */
+void fs_exec_launch_exit(struct fs_executor *x, const struct fs_launch_ticket *t);
+
+/* True once after the executor gave up following a program that left its plan for good. */
+bool fs_exec_take_give_up(struct fs_executor *x);
+
+/* Wait until the mover has done every move queued so far (tests, shutdown). */
+void fs_exec_drain(struct fs_executor *x);
+
+void fs_exec_get_stats(struct fs_executor *x, struct fs_exec_stats *out);
+
+#endif
