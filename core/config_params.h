@@ -30,6 +30,8 @@ FS_PARAM(PROFILE, FS_PT_STRING, "", 0, 0, NULL,                                 
     "Profile to start from (skips discovery and profiling when it matches the program).")          \
 FS_PARAM(PROFILE_OUT, FS_PT_STRING, "", 0, 0, NULL,                                                \
     "Where to save the profile once planning is done (empty: do not save).")                       \
+FS_PARAM(ITERATION_KERNEL, FS_PT_STRING, "", 0, 0, NULL,                                           \
+    "Part of the name of the kernel that starts each iteration, where finding it from the launches fails (empty: automatic).") \
 FS_PARAM(DISCOVERY_ITERS, FS_PT_INT, "1", 1, 1000, NULL,                                           \
     "Iterations recorded to learn allocations and launches before profiling.")                     \
 FS_PARAM(PROFILING_ITERS, FS_PT_INT, "5", 0, 10000, NULL,                                          \

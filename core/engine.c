@@ -50,7 +50,7 @@ static void apply_log_settings(const struct fs_config *cfg)
 static void warn_inactive_settings(const struct fs_config *cfg)
 {
     static const enum fs_param_id with_profile[] = {FS_P_STRATEGY, FS_P_DISCOVERY_ITERS,
-                                                    FS_P_PROFILING_ITERS};
+                                                    FS_P_PROFILING_ITERS, FS_P_ITERATION_KERNEL};
     if (cfg->v[FS_P_TIMING_REPORT].src != FS_SRC_DEFAULT)
         FS_WARN("%s is set but has no effect in this version: the timing report is not "
                 "implemented yet; the exit summary (FLEXTENSOR_LOG_LEVEL=info) has the counts",
@@ -229,6 +229,7 @@ static int start_planning(const struct fs_config *cfg, uint64_t budget)
         .budget = budget,
         .strategy = fs_config_choice(cfg, FS_P_STRATEGY, strategy, sizeof(strategy)),
         .out_path = out,
+        .iteration_kernel = fs_config_str(cfg, FS_P_ITERATION_KERNEL),
         .idle = loaded,
         .on_plan = take_plan,
     };
@@ -447,6 +448,12 @@ void fs_engine_get_stats(struct fs_engine_stats *out)
     fs_launch_get_stats(&out->launch);
     if (eng.planning)
         fs_exec_get_stats(&eng.exec, &out->exec);
+}
+
+void fs_engine_mark_iteration(void)
+{
+    if (started() && eng.planning)
+        fs_rec_mark_iteration(&eng.rec);
 }
 
 void fs_engine_drain_moves(void)

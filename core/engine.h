@@ -68,6 +68,10 @@ void fs_engine_launch_exit(struct fs_launch_ticket *t, bool queued);
 
 void fs_engine_get_stats(struct fs_engine_stats *out);
 
+/* The program's next launch starts an iteration (flexshim_mark_iteration): discovery uses such
+ * marks instead of finding the iteration itself. */
+void fs_engine_mark_iteration(void);
+
 /* Tests: wait until the plan executor has done every move queued so far. */
 void fs_engine_drain_moves(void);
 

@@ -37,6 +37,8 @@ int fs_rec_init(struct fs_recorder *r, struct fs_device *dev, const struct fs_re
     r->budget = cfg->budget;
     snprintf(r->strategy, sizeof(r->strategy), "%s", cfg->strategy ? cfg->strategy : "adaptive");
     snprintf(r->out_path, sizeof(r->out_path), "%s", cfg->out_path ? cfg->out_path : "");
+    snprintf(r->iteration_kernel, sizeof(r->iteration_kernel), "%s",
+             cfg->iteration_kernel ? cfg->iteration_kernel : "");
     int rc = fs_iter_init(&r->det, DISCOVERY_WINDOW);
     if (rc != FS_OK)
         return rc;
@@ -96,21 +98,23 @@ void fs_rec_note_alloc(struct fs_recorder *r, uint64_t order, uint64_t size, uin
     pthread_mutex_unlock(&r->lock);
 }
 
-/* Remember FUNC's name for the profile's kernel names (lock held). */
-static void note_name(struct fs_recorder *r, const void *func, uint64_t sig)
+/* FUNC's entry in the name table, made on first sight: its name for the profile and whether it
+ * starts an iteration (lock held). NULL for copies or without memory. */
+static const struct fs_rec_name *note_name(struct fs_recorder *r, const void *func, uint64_t sig)
 {
     if (!func)
-        return;
+        return NULL;
     for (int i = 0; i < r->nnames; i++)
         if (r->names[i].func == func)
-            return;
+            return &r->names[i];
     const char *name = NULL;
     if (fs_dev_call(r->dev, kernel_name, func, &name) != FS_OK)
         name = NULL;
-    if (fs_grow((void **)&r->names, &r->cap_names, (size_t)r->nnames + 1, sizeof(*r->names))) {
-        r->names[r->nnames] = (struct fs_rec_name){func, sig, name ? strdup(name) : NULL};
-        r->nnames++;
-    }
+    if (!fs_grow((void **)&r->names, &r->cap_names, (size_t)r->nnames + 1, sizeof(*r->names)))
+        return NULL;
+    bool starts = r->iteration_kernel[0] && name && strstr(name, r->iteration_kernel);
+    r->names[r->nnames] = (struct fs_rec_name){func, sig, name ? strdup(name) : NULL, starts};
+    return &r->names[r->nnames++];
 }
 
 static const char *name_of(const struct fs_recorder *r, const void *func)
@@ -133,6 +137,8 @@ static void reset_discovery(struct fs_recorder *r)
     r->nlaunches = r->nrefs = 0;
     r->det.n = 0;
     r->last_period = 0;
+    r->nmarks = 0;
+    r->marked_period = false;
     __atomic_store_n(&r->phase, FS_REC_DISCOVERY, __ATOMIC_RELEASE);
 }
 
@@ -143,6 +149,15 @@ void fs_rec_restart(struct fs_recorder *r)
     pthread_mutex_lock(&r->lock);
     reset_discovery(r);
     r->nrejected = 0;
+    pthread_mutex_unlock(&r->lock);
+}
+
+void fs_rec_mark_iteration(struct fs_recorder *r)
+{
+    if (!r->dev)
+        return;
+    pthread_mutex_lock(&r->lock);
+    r->mark_pending = true;
     pthread_mutex_unlock(&r->lock);
 }
 
@@ -438,13 +453,33 @@ static void finish(struct fs_recorder *r)
     free_events(r);
 }
 
+/* Discovery with marks: the launch just added (index I) starts an iteration. Takes the last
+ * marked iteration when DISCOVERY_ITERS + 1 were seen and the last two are the same (lock held).
+ * Returns the period taken, or 0. */
+static int marked_iteration(struct fs_recorder *r, int i)
+{
+    r->marks[0] = r->marks[1];
+    r->marks[1] = r->marks[2];
+    r->marks[2] = i;
+    if (++r->nmarks < r->discovery_iters + 2 || r->nmarks < 3)
+        return 0;
+    int a = r->marks[0], b = r->marks[1], c = r->marks[2], period = b - a;
+    if (period <= 0 || c - b != period)
+        return 0;
+    for (int k = 0; k < period; k++)
+        if (r->launches[a + k].sig != r->launches[b + k].sig)
+            return 0;
+    return period;
+}
+
 void fs_rec_launch(struct fs_recorder *r, const void *func, uint64_t sig, fs_stream stream,
                    const uint64_t *orders, int n)
 {
     pthread_mutex_lock(&r->lock);
     int phase = __atomic_load_n(&r->phase, __ATOMIC_ACQUIRE);
-    if (phase != FS_REC_DONE)
-        note_name(r, func, sig);
+    const struct fs_rec_name *nm = phase != FS_REC_DONE ? note_name(r, func, sig) : NULL;
+    bool mark = r->mark_pending || (nm && nm->starts_iteration);
+    r->mark_pending = false;
     if (phase == FS_REC_DISCOVERY) {
         if (r->nlaunches == DISCOVERY_WINDOW) { /* keep the newer half, like the detector */
             int keep = DISCOVERY_WINDOW / 2, drop = r->nlaunches - keep;
@@ -455,6 +490,10 @@ void fs_rec_launch(struct fs_recorder *r, const void *func, uint64_t sig, fs_str
             for (int i = 0; i < keep; i++)
                 r->launches[i].ref_start -= ref_drop;
             r->nlaunches = keep;
+            for (int k = 0; k < 3; k++)
+                r->marks[k] -= drop;
+            if (r->marks[0] < 0) /* older than the window: start counting again */
+                r->nmarks = 0;
         }
         if (fs_grow((void **)&r->launches, &r->cap_launches, (size_t)r->nlaunches + 1,
                     sizeof(*r->launches)) &&
@@ -464,7 +503,14 @@ void fs_rec_launch(struct fs_recorder *r, const void *func, uint64_t sig, fs_str
             r->nrefs += n;
             fs_iter_push(&r->det, sig, now_ns());
         }
-        if (r->nlaunches % DETECT_EVERY == 0) {
+        int marked = mark && r->nlaunches > 0 ? marked_iteration(r, r->nlaunches - 1) : 0;
+        if (marked > 0) {
+            r->marked_period = true;
+            if (begin_profiling(r, r->marks[1], marked, r->nlaunches) != FS_OK) {
+                FS_WARN("discovery: out of host memory; no profile is recorded");
+                __atomic_store_n(&r->phase, FS_REC_DONE, __ATOMIC_RELEASE);
+            }
+        } else if (r->nmarks == 0 && r->nlaunches % DETECT_EVERY == 0) {
             struct fs_iter_result it;
             fs_iter_detect(&r->det, 2, r->discovery_iters + 1, &it);
             /* Accept a period only when two detections in a row agree: early on, the layers
@@ -502,7 +548,8 @@ void fs_rec_launch(struct fs_recorder *r, const void *func, uint64_t sig, fs_str
                 if (r->counting && r->iters_timed < r->profiling_iters)
                     r->iters_timed++;
                 r->counting = true;
-                if (r->iters_timed >= r->profiling_iters && r->followed >= CONFIRM_LAUNCHES)
+                if (r->iters_timed >= r->profiling_iters &&
+                    (r->marked_period || r->followed >= CONFIRM_LAUNCHES))
                     finish(r);
             }
         }

@@ -8,7 +8,12 @@
  * its stream (what the GPU spends on it, and so the compute a transfer can hide behind). It also
  * follows it for at least 4096 launches: a layer repeated within each pass can look like the
  * iteration for a while. A launch sequence that departs from the recorded iteration sends the
- * recorder back to discovery (counted), and that period is not taken again. When profiling is done the
+ * recorder back to discovery (counted), and that period is not taken again.
+ *
+ * Where the program marks its iterations (flexshim_mark_iteration, or the ITERATION_KERNEL
+ * setting naming the kernel each starts with), marks replace detection: the iteration is the
+ * launches between two marks, taken once DISCOVERY_ITERS + 1 marked iterations were seen and the
+ * last two are the same. When profiling is done the
  * link is measured, the configured strategy plans the iteration for the budget, the profile is
  * written to PROFILE_OUT (when set) and handed to the plan executor (executor.h), which runs it
  * from the next launch on. */
@@ -42,6 +47,7 @@ struct fs_rec_name {
     const void *func;
     uint64_t sig;
     char *name;
+    bool starts_iteration; /* its name contains ITERATION_KERNEL */
 };
 
 struct fs_recorder {
@@ -61,6 +67,13 @@ struct fs_recorder {
     int nrefs;
     size_t cap_refs;
     int last_period; /* the previous detection's answer: a period is taken when two agree */
+    /* explicit iteration starts (flexshim_mark_iteration, ITERATION_KERNEL): launch indices of
+     * the last three, and how many were seen since discovery began */
+    char iteration_kernel[256];
+    bool mark_pending;
+    int marks[3];
+    int nmarks;
+    bool marked_period; /* the period being profiled came from marks: no confirmation needed */
     /* the iteration being profiled */
     struct fs_rec_launch *tmpl;
     uint64_t *tmpl_refs;
@@ -88,6 +101,7 @@ struct fs_rec_config {
     uint64_t budget;
     const char *strategy;
     const char *out_path;    /* where the profile is saved; "" or NULL: not saved */
+    const char *iteration_kernel; /* part of the name of the kernel starting an iteration */
     bool idle;               /* start done, not discovering (a saved profile runs instead) */
     fs_rec_plan_fn on_plan;  /* optional: who runs the plan */
     void *on_plan_arg;
@@ -105,6 +119,9 @@ static inline bool fs_rec_active(const struct fs_recorder *r)
 /* Discover again from the next launch (the program left the plan's iteration, or a saved
  * profile did not match it). */
 void fs_rec_restart(struct fs_recorder *r);
+
+/* The program says an iteration starts with its next launch (flexshim_mark_iteration). */
+void fs_rec_mark_iteration(struct fs_recorder *r);
 
 /* A managed allocation was made (ORDER counts from 0 in allocation order); noted in every
  * phase, so a later discovery knows every allocation. */

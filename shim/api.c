@@ -13,3 +13,8 @@ FS_EXPORT int flexshim_active(void)
 {
     return fs_engine_active() ? 1 : 0;
 }
+
+FS_EXPORT void flexshim_mark_iteration(void)
+{
+    fs_engine_mark_iteration();
+}

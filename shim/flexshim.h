@@ -21,6 +21,13 @@ const char *flexshim_version(void);
  * (disabled, configuration error, or no usable GPU). */
 int flexshim_active(void);
 
+/* The program's next kernel launch starts an iteration (a training step, a decode step). Call it
+ * at the top of the loop where flexshim's discovery cannot find the iteration from the launches
+ * alone; once a few marks were seen, the iteration is the launches between two of them. Does
+ * nothing unless a profile is being recorded (FLEXTENSOR_PROFILE_OUT). FLEXTENSOR_ITERATION_KERNEL
+ * does the same without a code change. */
+void flexshim_mark_iteration(void);
+
 #ifdef __cplusplus
 }
 #endif

@@ -182,7 +182,7 @@ static void test_allocation_failure_falls_back(void **state)
     stop(dev);
 }
 
-static const int layer_kernel, head_kernel;
+static const int layer_kernel, head_kernel, start_kernel;
 
 /* Each layer kernel checks that its weight still holds the layer's mark (evictions and prefetches
  * must carry the bytes along, and no remap may happen under a kernel). */
@@ -218,8 +218,19 @@ static void alloc_program(struct fs_device *dev, uint64_t *w, int nlayers, uint6
  * ACT_KERNELS kernels on the activations alone, then a head on the activations, in a loop.
  * Returns the number of layer kernels that found a wrong mark. */
 enum { ACT_KERNELS = 4 };
-static int run_program(struct fs_device *dev, uint64_t *w, int nlayers, uint64_t act,
-                       int iterations)
+enum mark_mode { NO_MARK, MARK_CALL, MARK_KERNEL };
+
+static void launch_start_kernel(struct fs_device *dev, fs_stream s)
+{
+    struct fs_launch_desc d = {.func = &start_kernel, .stream = s, .kernel_params = NULL};
+    struct fs_launch_ticket t;
+    fs_engine_launch_enter(&d, &t);
+    assert_int_equal(fs_sim_launch(dev, s, 1000, NULL, NULL, 0, NULL, NULL), FS_OK);
+    fs_engine_launch_exit(&t, true);
+}
+
+static int run_marked_program(struct fs_device *dev, uint64_t *w, int nlayers, uint64_t act,
+                              int iterations, enum mark_mode mark)
 {
     fs_stream s;
     int errors = 0;
@@ -229,6 +240,10 @@ static int run_program(struct fs_device *dev, uint64_t *w, int nlayers, uint64_t
         checks[l] = (struct mark_check){(uint64_t)l + 1, &errors};
     assert_int_equal(fs_sim_stream_create(dev, &s), FS_OK);
     for (int it = 0; it < iterations; it++) {
+        if (mark == MARK_CALL)
+            fs_engine_mark_iteration();
+        else if (mark == MARK_KERNEL)
+            launch_start_kernel(dev, s);
         for (int k = 0; k <= nlayers * (ACT_KERNELS + 1); k++) {
             int l = k / (ACT_KERNELS + 1);
             bool head = k % (ACT_KERNELS + 1) != 0 || l == nlayers;
@@ -254,11 +269,19 @@ static int run_program(struct fs_device *dev, uint64_t *w, int nlayers, uint64_t
     return errors;
 }
 
+static int run_program(struct fs_device *dev, uint64_t *w, int nlayers, uint64_t act,
+                       int iterations)
+{
+    return run_marked_program(dev, w, nlayers, act, iterations, NO_MARK);
+}
+
+/* sim_kernel_0, _1 and _2 (the simulator names kernels in registration order). */
 static void register_kernels(struct fs_device *dev)
 {
     uint32_t off[2] = {0, 8}, sz[2] = {8, 8};
     fs_sim_register_kernel(dev, &layer_kernel, off, sz, 2);
     fs_sim_register_kernel(dev, &head_kernel, off, sz, 2);
+    fs_sim_register_kernel(dev, &start_kernel, off, sz, 0);
 }
 
 /* A path for a profile that does not exist yet. */
@@ -329,6 +352,43 @@ static void test_profile_recorded_and_planned(void **state)
     fs_profile_free(&p);
     unlink(path);
     stop(dev);
+}
+
+/* Iterations the program marks (the C API, or ITERATION_KERNEL naming the kernel each starts
+ * with) are taken from the marks: a profile after a few iterations instead of thousands of
+ * launches, starting where the program's iteration does. */
+static void test_marked_iterations(void **state)
+{
+    (void)state;
+    for (int mode = MARK_CALL; mode <= MARK_KERNEL; mode++) {
+        struct fs_device *dev = open_sim();
+        register_kernels(dev);
+        char path[64], out_env[128];
+        fresh_path(path, sizeof(path));
+        snprintf(out_env, sizeof(out_env), "FLEXTENSOR_PROFILE_OUT=%s", path);
+        char *envp[] = {"FLEXTENSOR_CONFIG=", "FLEXTENSOR_GPU_MEMORY_LIMIT=64MiB", MIN_OFFLOAD,
+                        "FLEXTENSOR_PROFILING_ITERS=2", out_env,
+                        mode == MARK_KERNEL ? "FLEXTENSOR_ITERATION_KERNEL=kernel_2" : NULL,
+                        NULL};
+        start(dev, envp);
+        uint64_t w[L], act;
+        alloc_program(dev, w, L, &act, 2 * MIB);
+        /* Marks 1-3 close two identical iterations; two more are timed; the 6th mark is in. */
+        assert_int_equal(run_marked_program(dev, w, L, act, 6,
+                                            (enum mark_mode)mode), 0);
+        struct fs_profile p;
+        char err[512] = "";
+        assert_int_equal(fs_profile_load(path, &p, err, sizeof(err)), FS_OK);
+        int n = PER_ITER + (mode == MARK_KERNEL);
+        assert_int_equal(p.nlaunches, n);
+        /* The first launch of the recorded iteration is the one after the mark. */
+        assert_string_equal(p.kernel_names[0], mode == MARK_KERNEL ? "sim_kernel_2"
+                                                                   : "sim_kernel_0");
+        assert_string_equal(p.kernel_names[n - 1], "sim_kernel_1");
+        fs_profile_free(&p);
+        stop(dev);
+        unlink(path);
+    }
 }
 
 /* Record a profile of the program at BUDGET into PATH (a fresh engine). */
@@ -439,6 +499,7 @@ int main(void)
         cmocka_unit_test(test_no_launch_tracking_means_unmanaged),
         cmocka_unit_test(test_allocation_failure_falls_back),
         cmocka_unit_test(test_profile_recorded_and_planned),
+        cmocka_unit_test(test_marked_iterations),
         cmocka_unit_test(test_plan_runs_from_saved_profile),
         cmocka_unit_test(test_mismatched_or_corrupt_profile_rediscovers),
     };
