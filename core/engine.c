@@ -420,6 +420,8 @@ void fs_engine_launch_enter(const struct fs_launch_desc *d, struct fs_launch_tic
     fs_launch_scan(&eng.res, d, t);
     fs_exec_launch_enter(&eng.exec, t);
     fs_launch_hold(&eng.res, t);
+    if (fs_rec_active(&eng.rec))
+        fs_rec_launch_start(&eng.rec, t->stream);
 }
 
 void fs_engine_launch_exit(struct fs_launch_ticket *t, bool queued)

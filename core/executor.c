@@ -15,6 +15,7 @@
 static void *mover_main(void *arg)
 {
     struct fs_executor *x = arg;
+    fs_thread_internal = true;
     fs_dev_call(x->res->dev, bind_thread);
     pthread_mutex_lock(&x->lock);
     for (;;) {

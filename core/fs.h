@@ -40,4 +40,8 @@ static inline uint64_t fs_round_up(uint64_t v, uint64_t g)
  * doubling; false (and nothing changed) when out of memory. */
 _Bool fs_grow(void **arr, size_t *cap, size_t need, size_t elem);
 
+/* True on the engine's own threads (the plan executor's mover, the host pinner): the CUDA calls
+ * they make are not the program's, and launch tracking must not see them. */
+extern __thread _Bool fs_thread_internal;
+
 #endif

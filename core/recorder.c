@@ -53,7 +53,7 @@ static void free_events(struct fs_recorder *r)
 {
     if (!r->events)
         return;
-    for (int i = 0; i < r->period * r->profiling_iters; i++)
+    for (int i = 0; i < 2 * r->period * r->profiling_iters; i++)
         if (r->events[i])
             fs_dev_call(r->dev, event_destroy, r->events[i]);
     free(r->events);
@@ -180,14 +180,15 @@ static int begin_profiling(struct fs_recorder *r, int start, int period, int n_i
         nrefs += r->launches[i].nrefs;
     r->tmpl = malloc((size_t)period * sizeof(*r->tmpl));
     r->tmpl_refs = malloc(((size_t)nrefs + 1) * sizeof(*r->tmpl_refs));
-    r->events = calloc((size_t)period * (size_t)(r->profiling_iters ? r->profiling_iters : 1),
+    r->events = calloc(2 * (size_t)period * (size_t)(r->profiling_iters ? r->profiling_iters : 1),
                        sizeof(*r->events));
     if (!r->tmpl || !r->tmpl_refs || !r->events)
         return FS_ERR_NOMEM;
     int k = 0;
     for (int i = 0; i < period; i++) {
         struct fs_rec_launch l = r->launches[start + i];
-        memcpy(&r->tmpl_refs[k], &r->refs[l.ref_start], (size_t)l.nrefs * sizeof(uint64_t));
+        if (l.nrefs > 0)
+            memcpy(&r->tmpl_refs[k], &r->refs[l.ref_start], (size_t)l.nrefs * sizeof(uint64_t));
         l.ref_start = k;
         k += l.nrefs;
         r->tmpl[i] = l;
@@ -209,7 +210,8 @@ static int cmp_double(const void *a, const void *b)
     return (x > y) - (x < y);
 }
 
-/* Median time of each launch since the previous launch on its stream (lock held). */
+/* Median time of each launch from just before it was queued to its end (lock held): the GPU's
+ * time for it, without the gaps while the device waited for the program (or for fault-ins). */
 static void launch_durations(struct fs_recorder *r, double *dur_us)
 {
     int P = r->period, I = r->iters_timed;
@@ -217,17 +219,11 @@ static void launch_durations(struct fs_recorder *r, double *dur_us)
     for (int i = 0; i < P; i++) {
         int ns = 0;
         for (int it = 0; it < I && samples; it++) {
-            /* The previous launch on the same stream, possibly in the previous iteration. */
-            int idx = it * P + i, prev = -1;
-            for (int j = idx - 1; j >= 0 && j >= idx - P; j--)
-                if (r->tmpl[j % P].stream == r->tmpl[i].stream) {
-                    prev = j;
-                    break;
-                }
+            int idx = it * P + i;
             float ms;
-            if (prev < 0 ||
-                fs_dev_call(r->dev, event_elapsed_ms, r->events[prev], r->events[idx], &ms) !=
-                    FS_OK)
+            if (!r->events[2 * idx] || !r->events[2 * idx + 1] ||
+                fs_dev_call(r->dev, event_elapsed_ms, r->events[2 * idx], r->events[2 * idx + 1],
+                            &ms) != FS_OK)
                 continue;
             samples[ns++] = ms * 1000.0;
         }
@@ -472,6 +468,27 @@ static int marked_iteration(struct fs_recorder *r, int i)
     return period;
 }
 
+/* Lock held: the timing event at slot END (0: before, 1: after) of the launch being profiled,
+ * recorded on STREAM. */
+static void record_timing(struct fs_recorder *r, int end, fs_stream stream)
+{
+    if (!r->counting || r->iters_timed >= r->profiling_iters)
+        return;
+    fs_event *ev = &r->events[2 * (r->iters_timed * r->period + r->pos) + end];
+    if (!*ev && fs_dev_call(r->dev, event_create, true, ev) != FS_OK)
+        *ev = NULL;
+    if (*ev)
+        fs_dev_call(r->dev, event_record, *ev, stream);
+}
+
+void fs_rec_launch_start(struct fs_recorder *r, fs_stream stream)
+{
+    pthread_mutex_lock(&r->lock);
+    if (__atomic_load_n(&r->phase, __ATOMIC_ACQUIRE) == FS_REC_PROFILING)
+        record_timing(r, 0, stream);
+    pthread_mutex_unlock(&r->lock);
+}
+
 void fs_rec_launch(struct fs_recorder *r, const void *func, uint64_t sig, fs_stream stream,
                    const uint64_t *orders, int n)
 {
@@ -498,7 +515,8 @@ void fs_rec_launch(struct fs_recorder *r, const void *func, uint64_t sig, fs_str
         if (fs_grow((void **)&r->launches, &r->cap_launches, (size_t)r->nlaunches + 1,
                     sizeof(*r->launches)) &&
             fs_grow((void **)&r->refs, &r->cap_refs, (size_t)(r->nrefs + n), sizeof(*r->refs))) {
-            memcpy(&r->refs[r->nrefs], orders, (size_t)n * sizeof(*orders));
+            if (n > 0)
+                memcpy(&r->refs[r->nrefs], orders, (size_t)n * sizeof(*orders));
             r->launches[r->nlaunches++] = (struct fs_rec_launch){sig, stream, func, n, r->nrefs};
             r->nrefs += n;
             fs_iter_push(&r->det, sig, now_ns());
@@ -536,13 +554,7 @@ void fs_rec_launch(struct fs_recorder *r, const void *func, uint64_t sig, fs_str
             reset_discovery(r);
         } else {
             r->followed++;
-            if (r->counting && r->iters_timed < r->profiling_iters) {
-                fs_event *ev = &r->events[r->iters_timed * r->period + r->pos];
-                if (!*ev && fs_dev_call(r->dev, event_create, true, ev) != FS_OK)
-                    *ev = NULL;
-                if (*ev)
-                    fs_dev_call(r->dev, event_record, *ev, stream);
-            }
+            record_timing(r, 1, stream);
             if (++r->pos == r->period) {
                 r->pos = 0;
                 if (r->counting && r->iters_timed < r->profiling_iters)

@@ -3,9 +3,10 @@
  * Discovery records every launch (kernel, stream, the managed allocations it references) and the
  * sequence of managed allocations, until the iteration detector (iteration.h) finds the program's
  * iteration repeated DISCOVERY_ITERS + 1 times, with the same answer at two checks in a row.
- * Profiling then follows the iteration for PROFILING_ITERS more passes, recording a timing event
- * after each launch, and keeps per launch the median time between it and the previous launch on
- * its stream (what the GPU spends on it, and so the compute a transfer can hide behind). It also
+ * Profiling then follows the iteration for PROFILING_ITERS more passes, recording timing events
+ * just before and after each launch, and keeps per launch the median time between them (what
+ * the GPU spends on it, and so the compute a transfer can hide behind; measured this way, the
+ * gaps while the device waited for the program or for reactive fault-ins are left out). It also
  * follows it for at least 4096 launches: a layer repeated within each pass can look like the
  * iteration for a while. A launch sequence that departs from the recorded iteration sends the
  * recorder back to discovery (counted), and that period is not taken again.
@@ -79,7 +80,7 @@ struct fs_recorder {
     uint64_t *tmpl_refs;
     int period, pos, iters_timed;
     bool counting; /* pos reached 0 since profiling began */
-    fs_event *events; /* period * profiling_iters */
+    fs_event *events; /* 2 * period * profiling_iters: before and after each launch */
     /* allocations in order */
     uint64_t *alloc_size, *alloc_mapped;
     int nallocs;
@@ -131,6 +132,10 @@ void fs_rec_note_alloc(struct fs_recorder *r, uint64_t order, uint64_t size, uin
  * allocation orders it referenced. */
 void fs_rec_launch(struct fs_recorder *r, const void *func, uint64_t sig, fs_stream stream,
                    const uint64_t *orders, int n);
+
+/* A launch is about to be queued on STREAM (its references held): while profiling, the event
+ * its time is measured from. */
+void fs_rec_launch_start(struct fs_recorder *r, fs_stream stream);
 
 /* Build the profile recorded so far (used by fs_rec_launch when profiling ends; exposed for
  * tests). Durations are left 0 when no iteration was timed. */

@@ -93,6 +93,7 @@ static void attach_host(struct fs_residency *res, struct fs_alloc *a, struct fs_
 static void *pinner_main(void *arg)
 {
     struct fs_residency *res = arg;
+    fs_thread_internal = true;
     fs_dev_call(res->dev, bind_thread);
     pthread_mutex_lock(&res->lock);
     while (!res->pinner_stop) {

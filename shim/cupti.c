@@ -89,8 +89,9 @@ static void CUPTIAPI on_driver_call(void *userdata, CUpti_CallbackDomain domain,
                                     CUpti_CallbackId cbid, const void *data)
 {
     (void)userdata;
-    /* Our own driver calls (copies on the engine's streams) run inside the shim. */
-    if (domain != CUPTI_CB_DOMAIN_DRIVER_API || fs_hook_depth > 0)
+    /* Our own driver calls (copies on the engine's streams) run inside the shim or on the
+     * engine's threads. */
+    if (domain != CUPTI_CB_DOMAIN_DRIVER_API || fs_hook_depth > 0 || fs_thread_internal)
         return;
     const CUpti_CallbackData *cb = data;
     fs_hook_depth++;

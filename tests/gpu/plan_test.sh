@@ -42,17 +42,22 @@ llama() { # NAME [env...] -- runs llama_test.py, output W/NAME.pt, log W/NAME.ou
     return $rc
 }
 
-# Startup and step times of a run: build (model load), prefill, first 3 steps, median of the rest.
+# Startup and step times of a run NAME (W/NAME.pt and the JSON line of W/NAME.out): model build,
+# prefill, the first 8 decode steps, the median of the steps after the 16th.
 times() {
-    python3 - "$W/$1.pt" <<'EOF'
-import sys, statistics, torch
+    python3 - "$W/$1.pt" "$W/$1.out" <<'EOF'
+import json, sys, statistics, torch
 d = torch.load(sys.argv[1], weights_only=False)
+j = {}
+for line in open(sys.argv[2], errors="replace"):
+    if line.startswith("{"):
+        j = json.loads(line)
 st = [t * 1000 for t in d.get("step_times", [])]
 tail = st[16:] if len(st) > 16 else st
-print(f"build {d.get('build_s', 0):.2f} s, prefill {d.get('prefill_s', 0) * 1000:.0f} ms, "
-      f"steps 1-3 {' '.join(f'{t:.0f}' for t in st[:3])} ms, "
+print(f"build {j.get('build_s', 0):.2f} s, prefill {j.get('prefill_s', 0) * 1000:.0f} ms, "
+      f"steps 1-8 {' '.join(f'{t:.0f}' for t in st[:8])} ms, "
       f"median of steps 17-{len(st)} {statistics.median(tail):.1f} ms, "
-      f"time to step 4 {d.get('build_s', 0) + d.get('prefill_s', 0) + sum(st[:4]) / 1000:.2f} s")
+      f"max process memory {j.get('max_process_mem_mib')} MiB")
 EOF
 }
 
