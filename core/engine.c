@@ -511,11 +511,13 @@ void fs_engine_shutdown(void)
     /* No moves while the program's libraries shut down. */
     const struct fs_exec_stats x = s.exec;
     fs_exec_destroy(&eng.exec);
-    FS_INFO("plan: %llu installed; %llu launches followed, %llu departures, %llu launches run "
-            "reactively, found %llu times; %llu prefetches (%llu bytes moved in) and %llu "
-            "evictions queued; %llu late and %llu unplanned references; %llu evictions skipped "
-            "(in use), %llu failed moves, %llu dropped, %llu give-ups",
+    FS_INFO("plan: %llu installed; %llu launches followed (%llu of the plan's skipped, %llu "
+            "extra), %llu departures, %llu launches run reactively, found %llu times; %llu "
+            "prefetches (%llu bytes moved in) and %llu evictions queued; %llu late and %llu "
+            "unplanned references; %llu evictions skipped (in use), %llu failed moves, %llu "
+            "dropped, %llu give-ups",
             (unsigned long long)x.plans, (unsigned long long)x.synced,
+            (unsigned long long)x.skipped, (unsigned long long)x.extra,
             (unsigned long long)x.departures, (unsigned long long)x.lost_launches,
             (unsigned long long)x.syncs, (unsigned long long)x.prefetches,
             (unsigned long long)s.res.prefetched_bytes, (unsigned long long)x.evictions,

@@ -356,11 +356,29 @@ static int follow(struct fs_executor *x, uint64_t sig)
             int cur = x->pos;
             x->pos = (cur + 1) % n;
             x->stats.synced++;
+            x->extra_run = 0;
             return cur;
         }
+        /* A launch or a few this run does not make (another kernel choice, a copy fewer)... */
+        for (int k = 1; k <= FS_EXEC_SKIP_MAX; k++) {
+            int cur = (x->pos + k) % n;
+            if (x->prof.launches[cur].kernel == sig) {
+                x->pos = (cur + 1) % n;
+                x->stats.skipped += (uint64_t)k;
+                x->stats.synced++;
+                x->extra_run = 0;
+                return cur;
+            }
+        }
+        /* ... or one it makes in addition: keep the place for a few launches. */
+        if (++x->extra_run <= FS_EXEC_SKIP_MAX) {
+            x->stats.extra++;
+            return -1;
+        }
         x->synced = false;
+        x->extra_run = 0;
         x->stats.departures++;
-        FS_DEBUG("plan: launch %d of the iteration expected, another kernel came", x->pos);
+        FS_DEBUG("plan: launch %d of the iteration expected, other kernels came", x->pos);
     }
     int q = find_place(x);
     if (q >= 0) {

@@ -1,8 +1,9 @@
 /* The plan executor: the inference phase. It runs a profile's plan while the program runs.
  *
  * Following the program: launches are matched to the profile's iteration one by one by kernel
- * signature (launch.h). While they match, the executor knows the program's place in the plan.
- * When one differs (another code path, other shapes) it is lost: the program runs reactively
+ * signature (launch.h). While they match, the executor knows the program's place in the plan; a
+ * few launches left out or added at one point are tolerated (counted). When the sequence differs
+ * for longer (another code path, other shapes) it is lost: the program runs reactively
  * (residency.h) and every launch is counted as a departure until the last FS_EXEC_SYNC_WINDOW
  * signatures match exactly one place of the iteration again. When it stays lost for long the
  * executor gives up, so that the engine can discover and plan again.
@@ -33,11 +34,15 @@
 
 /* Signatures that must match to find the place in the iteration again. */
 #define FS_EXEC_SYNC_WINDOW 32
+/* Launches of the plan a run may leave out, or add, at one point without losing its place. */
+#define FS_EXEC_SKIP_MAX 8
 
 struct fs_exec_stats {
     uint64_t plans;            /* plans installed */
     uint64_t synced;           /* launches matched to their place in the plan */
-    uint64_t departures;       /* launches that differed from the plan's next one */
+    uint64_t departures;       /* times the program left the plan's iteration */
+    uint64_t skipped;          /* plan launches the program did not make (place kept) */
+    uint64_t extra;            /* launches not in the plan (place kept) */
     uint64_t lost_launches;    /* launches run while lost (reactively) */
     uint64_t syncs;            /* times the place was found (first time included) */
     uint64_t prefetches;       /* prefetches queued */
@@ -73,6 +78,7 @@ struct fs_executor {
     int *tab_pos;
     size_t tab_mask;
     uint64_t lost_run;       /* consecutive lost launches */
+    int extra_run;           /* consecutive launches not in the plan while synced */
     bool gave_up;            /* set when giving up; fs_exec_take_give_up clears it */
     char mismatch[256];      /* why the profile was refused, for the log */
     /* the mover */

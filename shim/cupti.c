@@ -1,8 +1,11 @@
 /* Launch tracking through CUPTI driver-API callbacks: every kernel launch of every library
  * (PyTorch, cuBLAS with its static cudart, Triton) reaches cuLaunchKernel* in the driver, so one
  * subscription sees them all, before they are queued (API enter) and after (API exit).
- * Copies and memsets are seen too; their arguments are not parsed, so they count as launches
- * whose parameters are unknown (the next remap synchronizes first). Graph launches likewise. */
+ * Copies and memsets are seen too: the common ones (linear copies and memsets, synchronous and
+ * asynchronous) reference the allocations at both ends of their device ranges; 2D/3D, peer and
+ * batched copies and graph launches count as launches whose parameters are unknown (the next
+ * remap synchronizes first). */
+#include <stddef.h>
 #include <string.h>
 
 #include "engine.h"
@@ -15,9 +18,81 @@
 static CUpti_SubscriberHandle subscriber;
 static __thread struct fs_launch_ticket ticket;
 
-enum kind { KIND_NONE, KIND_KERNEL, KIND_OPAQUE };
+enum kind { KIND_NONE, KIND_KERNEL, KIND_OPAQUE, KIND_COPY };
 
 static unsigned char cbid_kind[CUPTI_DRIVER_TRACE_CBID_SIZE];
+
+/* Where a copy's or memset's device addresses, length and stream are in its parameters
+ * (offsets; -1: absent). Its device ranges are [dst, dst + len) and [src, src + len). */
+struct copy_layout {
+    CUpti_CallbackId cbid;
+    short dst, src, count, stream;
+    unsigned char elem;   /* bytes per counted element (memsets count elements) */
+    bool per_thread;      /* _ptds/_ptsz: no stream given means the per-thread stream */
+};
+
+#define F(name, field) ((short)offsetof(name##_params, field))
+#define CBID(name) CUPTI_DRIVER_TRACE_CBID_##name
+/* a copy between two device addresses, with and without a stream */
+#define DD(name, d, s, pt) {CBID(name), F(name, d), F(name, s), F(name, ByteCount), -1, 1, pt}
+#define DDS(name, d, s, pt)                                                                        \
+    {CBID(name), F(name, d), F(name, s), F(name, ByteCount), F(name, hStream), 1, pt}
+/* one device end (the other is host memory) */
+#define D1(name, d, pt) {CBID(name), F(name, d), -1, F(name, ByteCount), -1, 1, pt}
+#define D1S(name, d, pt) {CBID(name), F(name, d), -1, F(name, ByteCount), F(name, hStream), 1, pt}
+/* memsets of 1, 2 or 4-byte elements */
+#define MS(name, e, pt) {CBID(name), F(name, dstDevice), -1, F(name, N), -1, e, pt}
+#define MSS(name, e, pt) {CBID(name), F(name, dstDevice), -1, F(name, N), F(name, hStream), e, pt}
+
+static const struct copy_layout copy_layouts[] = {
+    DD(cuMemcpy, dst, src, false), DD(cuMemcpy_ptds, dst, src, true),
+    DDS(cuMemcpyAsync, dst, src, false), DDS(cuMemcpyAsync_ptsz, dst, src, true),
+    DD(cuMemcpyDtoD_v2, dstDevice, srcDevice, false),
+    DD(cuMemcpyDtoD_v2_ptds, dstDevice, srcDevice, true),
+    DDS(cuMemcpyDtoDAsync_v2, dstDevice, srcDevice, false),
+    DDS(cuMemcpyDtoDAsync_v2_ptsz, dstDevice, srcDevice, true),
+    D1(cuMemcpyHtoD_v2, dstDevice, false), D1(cuMemcpyHtoD_v2_ptds, dstDevice, true),
+    D1S(cuMemcpyHtoDAsync_v2, dstDevice, false), D1S(cuMemcpyHtoDAsync_v2_ptsz, dstDevice, true),
+    D1(cuMemcpyDtoH_v2, srcDevice, false), D1(cuMemcpyDtoH_v2_ptds, srcDevice, true),
+    D1S(cuMemcpyDtoHAsync_v2, srcDevice, false), D1S(cuMemcpyDtoHAsync_v2_ptsz, srcDevice, true),
+    MS(cuMemsetD8_v2, 1, false), MS(cuMemsetD8_v2_ptds, 1, true),
+    MS(cuMemsetD16_v2, 2, false), MS(cuMemsetD16_v2_ptds, 2, true),
+    MS(cuMemsetD32_v2, 4, false), MS(cuMemsetD32_v2_ptds, 4, true),
+    MSS(cuMemsetD8Async, 1, false), MSS(cuMemsetD8Async_ptsz, 1, true),
+    MSS(cuMemsetD16Async, 2, false), MSS(cuMemsetD16Async_ptsz, 2, true),
+    MSS(cuMemsetD32Async, 4, false), MSS(cuMemsetD32Async_ptsz, 4, true),
+};
+
+/* Index into copy_layouts by callback id, + 1 (0: not a parsed copy). */
+static unsigned char copy_index[CUPTI_DRIVER_TRACE_CBID_SIZE];
+
+/* The device addresses of a copy or memset: the first and last byte of each device range. */
+static __thread uint64_t copy_ptrs[4];
+
+static void describe_copy(const struct copy_layout *l, const void *params,
+                          struct fs_launch_desc *d)
+{
+    const char *p = params;
+    size_t count;
+    memcpy(&count, p + l->count, sizeof(count));
+    uint64_t len = (uint64_t)count * l->elem;
+    int n = 0;
+    for (int k = 0; k < 2; k++) {
+        short off = k == 0 ? l->dst : l->src;
+        if (off < 0 || len == 0)
+            continue;
+        CUdeviceptr a;
+        memcpy(&a, p + off, sizeof(a));
+        copy_ptrs[n++] = a;
+        copy_ptrs[n++] = a + len - 1;
+    }
+    d->ptrs = copy_ptrs;
+    d->nptrs = n;
+    CUstream st = NULL;
+    if (l->stream >= 0)
+        memcpy(&st, p + l->stream, sizeof(st));
+    d->stream = st == NULL && l->per_thread ? (fs_stream)CU_STREAM_PER_THREAD : (fs_stream)st;
+}
 
 /* The packed parameter buffer of a launch's `extra` list, if it has one. */
 static void parse_extra(void **extra, struct fs_launch_desc *d)
@@ -73,9 +148,15 @@ static bool describe(CUpti_CallbackId cbid, const void *params, struct fs_launch
         break;
     }
     default:
-        if (cbid >= CUPTI_DRIVER_TRACE_CBID_SIZE || cbid_kind[cbid] != KIND_OPAQUE)
+        if (cbid >= CUPTI_DRIVER_TRACE_CBID_SIZE)
             return false;
-        d->unreadable = true; /* copies, memsets, graph launches */
+        if (cbid_kind[cbid] == KIND_COPY) {
+            describe_copy(&copy_layouts[copy_index[cbid] - 1], params, d);
+            return true;
+        }
+        if (cbid_kind[cbid] != KIND_OPAQUE)
+            return false;
+        d->unreadable = true; /* other copies and memsets, graph launches */
         return true;
     }
     if (!d->kernel_params && !d->param_buf)
@@ -163,6 +244,11 @@ int fs_shim_tracking_start(void)
     for (size_t i = 0; i < FS_ARRAY_LEN(launches) && rc == FS_OK; i++) {
         cbid_kind[launches[i]] = KIND_KERNEL;
         rc = enable(launches[i]);
+    }
+    for (size_t i = 0; i < FS_ARRAY_LEN(copy_layouts) && rc == FS_OK; i++) {
+        cbid_kind[copy_layouts[i].cbid] = KIND_COPY;
+        copy_index[copy_layouts[i].cbid] = (unsigned char)(i + 1);
+        rc = enable(copy_layouts[i].cbid);
     }
     /* Everything else that can touch device memory from the GPU side, found by name so every
      * versioned and per-thread variant is included. */

@@ -103,6 +103,7 @@ for B in $BUDGETS; do
     say "plan   $B MiB: $(times "plan-$B"); outputs $(compare "plan-$B" | tail -1)"
     say "  $(grep -h "plan: [0-9]* installed" "$W/shim-plan-$B.log" | sed 's/.*info: //')"
     say "  $(grep -h "residency:" "$W/shim-plan-$B.log" | sed 's/.*info: //')"
+    say "  $(grep -h "launches:" "$W/shim-plan-$B.log" | sed 's/.*info: //')"
     "$TOOL" simulate "$P" --budget "${B}MiB" --strategy all 2>/dev/null | tee -a "$SUM"
 done
 

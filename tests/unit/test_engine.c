@@ -218,7 +218,9 @@ static void alloc_program(struct fs_device *dev, uint64_t *w, int nlayers, uint6
  * ACT_KERNELS kernels on the activations alone, then a head on the activations, in a loop.
  * Returns the number of layer kernels that found a wrong mark. */
 enum { ACT_KERNELS = 4 };
-enum mark_mode { NO_MARK, MARK_CALL, MARK_KERNEL };
+/* MARK_*: how iterations are marked; EXTRA_LAUNCH: no mark, but every 4th iteration makes one
+ * launch more, in its middle. */
+enum mark_mode { NO_MARK, MARK_CALL, MARK_KERNEL, EXTRA_LAUNCH };
 
 static void launch_start_kernel(struct fs_device *dev, fs_stream s)
 {
@@ -247,6 +249,8 @@ static int run_marked_program(struct fs_device *dev, uint64_t *w, int nlayers, u
         for (int k = 0; k <= nlayers * (ACT_KERNELS + 1); k++) {
             int l = k / (ACT_KERNELS + 1);
             bool head = k % (ACT_KERNELS + 1) != 0 || l == nlayers;
+            if (mark == EXTRA_LAUNCH && it % 4 == 3 && k == 12)
+                launch_start_kernel(dev, s);
             uint64_t params[2] = {head ? act : w[l], act};
             void *argv[2] = {&params[0], &params[1]};
             struct fs_launch_desc d = {.func = head ? &head_kernel : &layer_kernel,
@@ -446,6 +450,36 @@ static void test_plan_runs_from_saved_profile(void **state)
     unlink(path);
 }
 
+/* A launch the plan does not have (here one in the middle of every 4th iteration) keeps the
+ * place: counted as extra, never a departure, and the plan still runs. */
+static void test_plan_tolerates_an_extra_launch(void **state)
+{
+    (void)state;
+    char path[64], in_env[128];
+    fresh_path(path, sizeof(path));
+    record_profile(path, "FLEXTENSOR_GPU_MEMORY_LIMIT=64MiB");
+    struct fs_device *dev = open_sim();
+    register_kernels(dev);
+    snprintf(in_env, sizeof(in_env), "FLEXTENSOR_PROFILE=%s", path);
+    char *envp[] = {"FLEXTENSOR_CONFIG=", "FLEXTENSOR_GPU_MEMORY_LIMIT=64MiB", MIN_OFFLOAD,
+                    "FLEXTENSOR_REMAP_SAFETY=tracked", in_env, NULL};
+    start(dev, envp);
+    uint64_t w[L], act;
+    alloc_program(dev, w, L, &act, 2 * MIB);
+    enum { ITERS = 40 };
+    assert_int_equal(run_marked_program(dev, w, L, act, ITERS, EXTRA_LAUNCH), 0);
+    struct fs_engine_stats st;
+    fs_engine_get_stats(&st);
+    assert_int_equal(st.exec.syncs, 1);
+    assert_int_equal(st.exec.departures, 0);
+    assert_int_equal(st.exec.extra, ITERS / 4);
+    assert_int_equal(st.exec.skipped, 0);
+    assert_true(st.exec.synced >= (uint64_t)ITERS * PER_ITER - FS_EXEC_SYNC_WINDOW);
+    assert_true(st.exec.prefetches >= ITERS);
+    stop(dev);
+    unlink(path);
+}
+
 /* A profile that does not describe the program (another size for allocation 3), or that cannot
  * be read, is refused and the program is discovered again (a new profile is saved). */
 static void test_mismatched_or_corrupt_profile_rediscovers(void **state)
@@ -501,6 +535,7 @@ int main(void)
         cmocka_unit_test(test_profile_recorded_and_planned),
         cmocka_unit_test(test_marked_iterations),
         cmocka_unit_test(test_plan_runs_from_saved_profile),
+        cmocka_unit_test(test_plan_tolerates_an_extra_launch),
         cmocka_unit_test(test_mismatched_or_corrupt_profile_rediscovers),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
