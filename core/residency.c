@@ -70,7 +70,7 @@ static struct fs_alloc *pick_unbacked(struct fs_residency *res)
         struct fs_alloc *a = res->allocs[i];
         if (a->host || LOAD(&a->state) != FS_RES_DEVICE)
             continue;
-        if (!best || LOAD(&a->last_tick) < LOAD(&best->last_tick))
+        if (!best || LOAD(&a->lru_tick) < LOAD(&best->lru_tick))
             best = a;
     }
     return best;
@@ -350,7 +350,7 @@ static struct fs_alloc *pick_victim(struct fs_residency *res, struct fs_alloc *c
         if (LOAD(&a->state) != FS_RES_DEVICE || LOAD(&a->inflight) != 0 ||
             in_list(a, keep, nkeep))
             continue;
-        if (!best || LOAD(&a->last_tick) < LOAD(&best->last_tick))
+        if (!best || LOAD(&a->lru_tick) < LOAD(&best->lru_tick))
             best = a;
     }
     return best;
@@ -419,6 +419,8 @@ static int fault_in_locked(struct fs_residency *res, struct fs_alloc *a,
         end_move(res, a, FS_RES_HOST);
         return rc;
     }
+    /* Just brought in for a use to come: not the least recently used. */
+    STORE(&a->lru_tick, LOAD(&res->tick));
     end_move(res, a, FS_RES_DEVICE);
     return FS_OK;
 }
@@ -570,7 +572,7 @@ uint64_t fs_res_launch_begin(struct fs_residency *res, struct fs_alloc *const *a
     bool slow = false;
     for (int i = 0; i < n; i++) {
         struct fs_alloc *a = allocs[i];
-        STORE(&a->last_tick, tick);
+        STORE(&a->lru_tick, tick);
         STORE(&a->touch_epoch, epoch);
         __atomic_add_fetch(&a->inflight, 1, __ATOMIC_SEQ_CST);
         int state = __atomic_load_n(&a->state, __ATOMIC_SEQ_CST);
@@ -636,10 +638,13 @@ void fs_res_launch_done(struct fs_residency *res, uint64_t tick, fs_stream strea
         }
     }
     /* Stamped again now that the launch is queued: a synchronize that began before this point
-     * may not cover it. */
+     * may not cover it. Its tick becomes the use a remap must wait for only now, so a launch
+     * that faults an allocation in does not wait for itself. */
     uint64_t epoch = LOAD(&res->epoch);
     for (int i = 0; i < n; i++) {
         STORE(&allocs[i]->touch_epoch, epoch);
+        if (queued)
+            STORE(&allocs[i]->last_tick, tick);
         __atomic_sub_fetch(&allocs[i]->inflight, 1, __ATOMIC_SEQ_CST);
     }
     leave_gate(res);

@@ -52,7 +52,8 @@ struct fs_alloc {
     int state;       /* enum fs_res_state, atomic */
     int inflight;    /* launches between enter and exit that reference it, atomic */
     uint64_t touch_epoch;  /* quiescence epoch of the last referencing launch, atomic */
-    uint64_t last_tick;    /* launch counter at the last reference (LRU), atomic */
+    uint64_t lru_tick;     /* launch counter at the last reference or move here (LRU), atomic */
+    uint64_t last_tick;    /* tick of the last launch queued with a reference to it, atomic */
     struct fs_block *dev;   /* device memory, when resident */
     struct fs_block *host;  /* host memory: the bytes when evicted; kept as write-back target */
     struct fs_shared_event *last_use; /* swapped atomically by launch exits */
