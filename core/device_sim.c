@@ -299,6 +299,8 @@ static void exec_copy(struct sim *s, const struct sim_op *op)
         illegal_access(s, "copy touches unmapped memory");
         return;
     }
+    if (s->cfg.timing_only)
+        return;
     unsigned char *d = resolve_contig(s, dst, size), *sp = resolve_contig(s, src, size);
     if (d && sp) {
         memmove(d, sp, size);
@@ -335,7 +337,7 @@ static void exec_kernel(struct sim *s, const struct sim_op *op)
         }
     }
     s->st.kernels++;
-    if (op->fn)
+    if (op->fn && !s->cfg.timing_only)
         op->fn(op->ctx, ptrs, op->nranges);
 }
 
@@ -600,6 +602,13 @@ static void capture_violation(struct sim *s, const char *what)
     FS_DEBUG("sim: %s while a stream is capturing", what);
 }
 
+/* The host spends NS_PER_GIB per GiB of SIZE on a map or unmap: the device works on meanwhile. */
+static void host_time(struct sim *s, uint64_t size, uint64_t ns_per_gib)
+{
+    if (ns_per_gib)
+        run_until(s, s->now_ns + (uint64_t)((double)size * (double)ns_per_gib / (1ull << 30)));
+}
+
 static int map_locked(struct sim *s, fs_dptr va, uint64_t size, struct fs_phys_ *phys,
                       uint64_t off)
 {
@@ -625,6 +634,7 @@ static int map_locked(struct sim *s, fs_dptr va, uint64_t size, struct fs_phys_ 
     phys->refs++;
     s->st.maps++;
     s->st.maps_by_loc[phys->loc]++;
+    host_time(s, size, s->cfg.map_ns_per_gib[phys->loc]);
     return FS_OK;
 }
 
@@ -658,9 +668,11 @@ static int unmap_locked(struct sim *s, fs_dptr va, uint64_t size)
             if (ranges_overlap(va, size, s->pending[k]->va[r], s->pending[k]->len[r]))
                 unsafe = true;
     s->segs[i].phys->refs--;
+    uint64_t cost = s->cfg.unmap_ns_per_gib[s->segs[i].phys->loc];
     memmove(&s->segs[i], &s->segs[i + 1], (s->nsegs - i - 1) * sizeof(*s->segs));
     s->nsegs--;
     s->st.unmaps++;
+    host_time(s, size, cost);
     if (unsafe) {
         s->st.unsafe_unmaps++;
         illegal_access(s, "unmap of a range queued work still touches");
@@ -1108,6 +1120,9 @@ int fs_sim_open(const struct fs_sim_config *cfg, struct fs_device **out)
         c.host_bytes = cfg->host_bytes;
         c.copy_latency_ns = cfg->copy_latency_ns;
         c.host_phys_supported = cfg->host_phys_supported;
+        c.timing_only = cfg->timing_only;
+        memcpy(c.map_ns_per_gib, cfg->map_ns_per_gib, sizeof(c.map_ns_per_gib));
+        memcpy(c.unmap_ns_per_gib, cfg->unmap_ns_per_gib, sizeof(c.unmap_ns_per_gib));
         if (cfg->device_bytes)
             c.device_bytes = cfg->device_bytes;
         if (cfg->granularity)

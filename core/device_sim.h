@@ -57,6 +57,13 @@ struct fs_sim_config {
     double d2d_bytes_per_s;   /* default 2e12 */
     uint64_t copy_latency_ns; /* fixed cost per copy, default 2000 */
     bool host_phys_supported; /* default true */
+    /* Replaying a profile (core/replay.h): copies and kernels take their time but move no
+     * bytes (memory is never touched, so large profiles cost no host memory). */
+    bool timing_only;
+    /* Host time a map (with set access) or an unmap of one GiB takes, by enum fs_mem_loc of
+     * the physical memory: the clock moves on by it, as the device keeps working while the
+     * host remaps. Default 0. */
+    uint64_t map_ns_per_gib[2], unmap_ns_per_gib[2];
 };
 
 struct fs_sim_stats {

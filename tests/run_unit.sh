@@ -11,7 +11,7 @@ passed=0; failed=0; bad_bins=()
 for bin in "$@"; do
     name=$(basename "$bin")
     if [ $valgrind = 1 ]; then
-        case $name in test_sim*|test_engine*|test_device*|test_residency*|test_profile*|test_iteration*|test_strategies*) ;; *) continue ;; esac
+        case $name in test_sim*|test_replay*|test_engine*|test_device*|test_residency*|test_profile*|test_iteration*|test_strategies*) ;; *) continue ;; esac
         cmd=(valgrind -q --error-exitcode=99 --leak-check=full --errors-for-leak-kinds=definite,indirect "$bin")
     else
         cmd=("$bin")

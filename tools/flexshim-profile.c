@@ -4,7 +4,8 @@
  *   record    run a command under the shim and save its profile (tools/record.c)
  *   check     validate a profile (one line)
  *   show      a readable summary of a profile and its plan
- *   simulate  plan a profile under budgets with each strategy, through the timeline model
+ *   simulate  plan a profile under budgets with each strategy, through the timeline model, and
+ *             (--replay) run each plan on the simulated device (core/replay.c)
  *   trace     the planned iteration as a Chrome trace-event file (Perfetto, chrome://tracing)
  *
  * simulate and trace run the analytic timeline model the strategies share
@@ -27,6 +28,7 @@
 #include "fs.h"
 #include "profile.h"
 #include "record.h"
+#include "replay.h"
 #include "strategies/strategy.h"
 
 extern char **environ;
@@ -154,13 +156,14 @@ static int usage_error(const char *cmd, const char *fmt, ...)
 }
 
 /* The command line of a profile command: one FILE and the options the command accepts. */
-enum { OPT_BUDGET = 1, OPT_STRATEGY = 2, OPT_OUT = 4 };
+enum { OPT_BUDGET = 1, OPT_STRATEGY = 2, OPT_OUT = 4, OPT_REPLAY = 8 };
 
 struct args {
     const char *file;
     const char *budget;
     const char *strategy;
     const char *out;
+    const char *replay;
 };
 
 struct opt_def {
@@ -172,6 +175,7 @@ static const struct opt_def opt_defs[] = {
     {OPT_BUDGET, "--budget", NULL, "a size such as 8GiB, 512MiB or 60%"},
     {OPT_STRATEGY, "--strategy", NULL, "a strategy name"},
     {OPT_OUT, "--output", "-o", "a file name"},
+    {OPT_REPLAY, "--replay", NULL, "a number of iterations, 3 to 1000"},
 };
 
 static void accepted_options(unsigned allowed, char *buf, size_t len)
@@ -235,6 +239,7 @@ static int parse_args(const struct command *c, int argc, char **argv, unsigned a
         }
         const char **slot = d->bit == OPT_BUDGET     ? &a->budget
                             : d->bit == OPT_STRATEGY ? &a->strategy
+                            : d->bit == OPT_REPLAY   ? &a->replay
                                                      : &a->out;
         if (*slot)
             return usage_error(c->name, "option %s is given twice", d->lng);
@@ -806,11 +811,16 @@ static int show_run(int argc, char **argv)
 static void simulate_help(FILE *out)
 {
     fputs("usage: flexshim-profile simulate FILE --budget SIZE[,SIZE...] [--strategy NAME|all]\n"
+          "                         [--replay N]\n"
           "\n"
           "Plans the profile FILE for each budget with each strategy and evaluates every plan with\n"
           "the timeline model the strategies share. This is an analytic model of the planned\n"
           "iteration (launches in queue order, prefetches on the host-to-device link, write-backs\n"
           "on the device-to-host link), not a run on a GPU.\n"
+          "With --replay N each plan also runs N iterations on the simulated device: flexshim's own\n"
+          "engine (residency, plan executor and its mover thread) against the profile's launches,\n"
+          "with the profile's kernel times and link and the remap costs measured on the GPU, and a\n"
+          "synchronize after each iteration.\n"
           "\n"
           "  --budget SIZE[,SIZE...]  device bytes a plan may use, several separated by commas:\n"
           "                           bytes with an optional unit (B, KiB, MiB, GiB, TiB; KB, MB,\n"
@@ -819,6 +829,8 @@ static void simulate_help(FILE *out)
           "                           of the mapped bytes of the allocations some launch uses\n"
           "  --strategy NAME|all      adaptive, knapsack, greedy, global, or all (the default: all\n"
           "                           four, in that order)\n"
+          "  --replay N               also replay each plan for N iterations (3 to 1000; the first\n"
+          "                           two are warm-up) and add the column replay ms\n"
           "\n"
           "One row per budget and strategy:\n"
           "  predicted ms   the step time of one iteration under the plan\n"
@@ -830,6 +842,8 @@ static void simulate_help(FILE *out)
           "                 bandwidth; no iteration of that plan runs faster in the steady state\n"
           "  infeasible     the allocations in use across some launch exceed the budget (the\n"
           "                 header names the smallest feasible budget)\n"
+          "  replay ms      (--replay) the median iteration time on the simulated device, or - and\n"
+          "                 the reason on stderr\n"
           "Progress goes to stderr when there are more than 4 rows. Exit 1 if the profile does not\n"
           "load.\n",
           out);
@@ -841,7 +855,7 @@ struct sim_row {
     char budget[64];
     char strategy[32];
     int rc;
-    double predicted_us, stall_us, limit_us;
+    double predicted_us, stall_us, limit_us, replay_us;
     uint64_t moved, peak;
 };
 
@@ -865,16 +879,41 @@ static int pick_strategies(const char *cmd, const char *name, bool allow_all,
     return -1;
 }
 
+/* The plan of STRATEGY for BYTES replayed on the simulated device: its median iteration time,
+ * or 0 (said why on stderr). */
+static double replay_row(const char *cmd, const struct fs_profile *p, uint64_t bytes,
+                         const char *strategy, int iterations, const char *budget)
+{
+    struct fs_replay_config rc = {bytes, strategy, iterations};
+    struct fs_replay_result res;
+    char err[512] = "";
+    if (fs_replay(p, &rc, &res, err, sizeof(err)) != FS_OK) {
+        error(cmd, "replay of %s at %s: %s", strategy, budget, err);
+        return 0;
+    }
+    return res.step_us;
+}
+
 static int simulate_run(int argc, char **argv)
 {
     const struct command *c = command_named("simulate");
     struct args a;
-    int rc = parse_args(c, argc, argv, OPT_BUDGET | OPT_STRATEGY, &a);
+    int rc = parse_args(c, argc, argv, OPT_BUDGET | OPT_STRATEGY | OPT_REPLAY, &a);
     if (rc >= 0)
         return rc;
     if (!a.budget)
         return usage_error(c->name, "--budget is required: one or more sizes such as 8GiB or 60%%, "
                                     "separated by commas");
+    int replay_iters = 0;
+    if (a.replay) {
+        char *end;
+        errno = 0;
+        long v = strtol(a.replay, &end, 10);
+        if (errno || *end || v < 3 || v > 1000)
+            return usage_error(c->name, "--replay '%s' is not a number of iterations from 3 to "
+                                        "1000", a.replay);
+        replay_iters = (int)v;
+    }
     const struct fs_strategy *strat[FS_MAX_STRATEGIES + 1];
     if ((rc = pick_strategies(c->name, a.strategy, true, strat)) >= 0)
         return rc;
@@ -924,6 +963,9 @@ static int simulate_run(int argc, char **argv)
                 r->moved = moved_bytes(&p, &plan);
                 r->limit_us = limit_us(&p, r->moved);
                 fs_plan_free(&plan);
+                r->replay_us = replay_iters ? replay_row(c->name, &p, bytes, strat[s]->name,
+                                                         replay_iters, r->budget)
+                                            : 0;
             } else if (r->rc != FS_ERR_NOMEM) {
                 error(c->name, "profile %s: strategy %s failed at budget %s (%s)", a.file,
                       strat[s]->name, r->budget, fs_err_str(r->rc));
@@ -941,17 +983,23 @@ static int simulate_run(int argc, char **argv)
         if (at >= 0)
             printf("  smallest feasible budget: %s (the allocations in use across launch %d)\n",
                    size_text(need, sz), at);
-        printf("\n%-22s %-20s %12s %10s %14s %10s %10s\n", "budget", "strategy", "predicted ms",
-               "stall ms", "offloaded MiB", "peak MiB", "limit ms");
+        printf("\n%-22s %-20s %12s %10s %14s %10s %10s%s\n", "budget", "strategy",
+               "predicted ms", "stall ms", "offloaded MiB", "peak MiB", "limit ms",
+               replay_iters ? "  replay ms" : "");
         for (int i = 0; i < nrows; i++) {
             const struct sim_row *r = &rows[i];
+            char replay[32] = "";
+            if (replay_iters && r->replay_us > 0)
+                snprintf(replay, sizeof(replay), " %10.3f", ms(r->replay_us));
+            else if (replay_iters)
+                snprintf(replay, sizeof(replay), " %10s", "-");
             if (r->rc == FS_OK)
-                printf("%-22s %-20s %12.3f %10.3f %14.1f %10.1f %10.3f\n", r->budget, r->strategy,
-                       ms(r->predicted_us), ms(r->stall_us), mib(r->moved), mib(r->peak),
-                       ms(r->limit_us));
+                printf("%-22s %-20s %12.3f %10.3f %14.1f %10.1f %10.3f%s\n", r->budget,
+                       r->strategy, ms(r->predicted_us), ms(r->stall_us), mib(r->moved),
+                       mib(r->peak), ms(r->limit_us), replay);
             else
-                printf("%-22s %-20s %12s %10s %14s %10s %10s\n", r->budget, r->strategy,
-                       "infeasible", "-", "-", "-", "-");
+                printf("%-22s %-20s %12s %10s %14s %10s %10s%s\n", r->budget, r->strategy,
+                       "infeasible", "-", "-", "-", "-", replay);
         }
     }
     free(rows);

@@ -7,7 +7,8 @@
 #   record   flexshim-profile record -o prof-B.json -- llama_test.py run (discovery, profiling,
 #            planning, then the plan runs for the rest of the run)
 #   plan     LD_PRELOAD + FLEXTENSOR_PROFILE=prof-B.json: discovery and profiling skipped
-#   simulate flexshim-profile simulate prof-B.json --budget B --strategy all (the prediction)
+#   simulate flexshim-profile simulate prof-B.json --budget B --strategy all --replay 8 (the
+#            predictions: the timeline model, and the plan replayed on the simulated device)
 # plus one unshimmed reference and one reactive run (no profile) at the smallest budget. Every run
 # uses deterministic kernels, so outputs are compared bit for bit with the reference (prefill
 # logits, tokens, per-step logit sums). Plan runs use REMAP_SAFETY=tracked (strict synchronizes
@@ -104,7 +105,7 @@ for B in $BUDGETS; do
     say "  $(grep -h "plan: [0-9]* installed" "$W/shim-plan-$B.log" | sed 's/.*info: //')"
     say "  $(grep -h "residency:" "$W/shim-plan-$B.log" | sed 's/.*info: //')"
     say "  $(grep -h "launches:" "$W/shim-plan-$B.log" | sed 's/.*info: //')"
-    "$TOOL" simulate "$P" --budget "${B}MiB" --strategy all 2>/dev/null | tee -a "$SUM"
+    "$TOOL" simulate "$P" --budget "${B}MiB" --strategy all --replay 8 2>/dev/null | tee -a "$SUM"
 done
 
 B=${BUDGETS##* }

@@ -114,6 +114,13 @@ else
     fail "simulate: adaptive never predicts more time for more budget" "$(cat "$tmp/o")"
 fi
 expect "simulate: 40% of the managed bytes (84 MiB) is planned" "$tmp/o" '^40% = 84 MiB +adaptive\('
+run "$tmp/o" "$tmp/e" simulate "$SMALL" --budget 100%,128MiB --strategy knapsack --replay 6
+expect_rc "simulate --replay: exits 0" 0 $rc "$tmp/e"
+expect "simulate --replay: a replay column" "$tmp/o" 'limit ms +replay ms$'
+expect "simulate --replay: everything resident replays at the compute time" "$tmp/o" '^100% = 210 MiB +knapsack +7\.855 +0\.000 +0\.0 +210\.0 +7\.855 +7\.855$'
+awk '$1 == "128" && $3 == "knapsack" { exit !($NF > 7.855 * 1.5) } ' "$tmp/o" && ok "simulate --replay: offloading replays slower than compute" || fail "simulate --replay: offloading replays slower than compute" "$(cat "$tmp/o")"
+run "$tmp/o" "$tmp/e" simulate "$SMALL" --budget 40MiB --strategy greedy --replay 4
+expect "simulate --replay: an infeasible plan has no replay" "$tmp/o" '^40 MiB +greedy +infeasible( +-){5}$'
 
 # 4. trace
 run "$tmp/o" "$tmp/e" trace "$SMALL" -o "$tmp/plan.json"
@@ -198,6 +205,7 @@ usage_case "simulate with a percentage over 100" "simulate: --budget '150%': a p
 usage_case "simulate with an empty size" "has an empty size" simulate "$SMALL" --budget 1GiB,
 usage_case "simulate with an unknown strategy" "simulate: --strategy 'fast' is not a strategy; use one of adaptive, knapsack, greedy, global or all" simulate "$SMALL" --budget 1GiB --strategy fast
 usage_case "option without its value" 'simulate: option --budget needs a value' simulate "$SMALL" --budget
+usage_case "simulate --replay out of range" "simulate: --replay '2' is not a number of iterations from 3 to 1000" simulate "$SMALL" --budget 1GiB --replay 2
 usage_case "trace without -o" 'trace: -o OUT.json is required' trace "$SMALL"
 usage_case "trace with several budgets" "trace: --budget '1GiB,2GiB': give one size here" trace "$SMALL" -o "$tmp/x.json" --budget 1GiB,2GiB
 usage_case "trace with strategy all" "trace: --strategy 'all' is not a strategy" trace "$SMALL" -o "$tmp/x.json" --strategy all

@@ -1,0 +1,257 @@
+#include "replay.h"
+
+#include <stdarg.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <unistd.h>
+
+#include "device_sim.h"
+#include "engine.h"
+#include "iteration.h"
+#include "launch.h"
+#include "strategies/schedule.h"
+
+#define WARMUP 2
+
+static void seterr(char *err, size_t len, const char *fmt, ...)
+{
+    va_list ap;
+    va_start(ap, fmt);
+    vsnprintf(err, len, fmt, ap);
+    va_end(ap);
+}
+
+static int cmp_double(const void *a, const void *b)
+{
+    double x = *(const double *)a, y = *(const double *)b;
+    return (x > y) - (x < y);
+}
+
+/* What the replay owns, released by cleanup. */
+struct replay {
+    struct fs_device *dev;
+    char path[256];          /* the profile as the simulated device sees it */
+    unsigned char *keys;     /* one byte per distinct kernel: its address is the kernel handle */
+    int *kernel_of;          /* per launch: index into keys, or -1 for copies */
+    fs_dptr *va;             /* per allocation */
+    fs_stream streams[64];
+    int nstreams;
+    double *ends_us;         /* per iteration */
+    bool engine_started;
+};
+
+static void cleanup(struct replay *r)
+{
+    if (r->engine_started)
+        fs_engine_teardown();
+    for (int i = 0; i < r->nstreams; i++)
+        if (r->streams[i])
+            r->dev->ops->stream_destroy(r->dev, r->streams[i]);
+    if (r->dev)
+        r->dev->ops->close(r->dev);
+    if (r->path[0])
+        unlink(r->path);
+    free(r->keys);
+    free(r->kernel_of);
+    free(r->va);
+    free(r->ends_us);
+}
+
+/* The simulated device with the profile's memory and link, moving no bytes. */
+static int open_device(const struct fs_profile *p, struct fs_device **dev)
+{
+    const struct fs_bw_model *bw = &p->bw;
+    struct fs_sim_config sc = {
+        .device_bytes = p->device_total ? p->device_total : 80ull << 30,
+        .h2d_bytes_per_s = bw->h2d_bytes_per_us * 1e6,
+        .d2h_bytes_per_s = bw->d2h_bytes_per_us * 1e6,
+        .copy_latency_ns = (uint64_t)(bw->h2d_latency_us * 1000),
+        .host_phys_supported = true,
+        .timing_only = true,
+        .map_ns_per_gib = {FS_REPLAY_MAP_DEVICE_NS_PER_GIB, FS_REPLAY_MAP_HOST_NS_PER_GIB},
+        .unmap_ns_per_gib = {FS_REPLAY_UNMAP_DEVICE_NS_PER_GIB, FS_REPLAY_UNMAP_HOST_NS_PER_GIB},
+    };
+    return fs_sim_open(&sc, dev);
+}
+
+/* Kernels: one simulated kernel per distinct signature; the profile saved for the engine names
+ * them as the simulator does, on the simulator's device. */
+static int write_profile(struct replay *r, const struct fs_profile *p, char *err, size_t errlen)
+{
+    int n = p->nlaunches, nk = 0;
+    uint64_t *sigs = malloc(((size_t)n + 1) * sizeof(*sigs));
+    struct fs_prof_launch *launches = malloc(((size_t)n + 1) * sizeof(*launches));
+    r->keys = calloc((size_t)n + 1, 1);
+    r->kernel_of = malloc(((size_t)n + 1) * sizeof(int));
+    int rc = sigs && launches && r->keys && r->kernel_of ? FS_OK : FS_ERR_NOMEM;
+    for (int i = 0; i < n && rc == FS_OK; i++) {
+        launches[i] = p->launches[i];
+        r->kernel_of[i] = -1;
+        if (p->launches[i].kernel == FS_SIG_COPY)
+            continue; /* copies and memsets have no kernel: the same signature here */
+        int k = 0;
+        while (k < nk && sigs[k] != p->launches[i].kernel)
+            k++;
+        if (k == nk) {
+            sigs[nk++] = p->launches[i].kernel;
+            rc = fs_sim_register_kernel(r->dev, &r->keys[k], NULL, NULL, 0);
+        }
+        r->kernel_of[i] = k;
+    }
+    /* Every launch of a kernel takes that kernel's simulated name. */
+    for (int i = 0; i < n && rc == FS_OK; i++) {
+        if (r->kernel_of[i] < 0)
+            continue;
+        const char *name = NULL;
+        rc = r->dev->ops->kernel_name(r->dev, &r->keys[r->kernel_of[i]], &name);
+        if (rc == FS_OK)
+            launches[i].kernel = fs_iter_hash_name(name);
+    }
+    if (rc == FS_OK) {
+        struct fs_profile q = *p;
+        q.launches = launches;
+        q.kernel_names = NULL;
+        snprintf(q.device_name, sizeof(q.device_name), "%s", r->dev->props.name);
+        q.cc_major = r->dev->props.cc_major;
+        q.cc_minor = r->dev->props.cc_minor;
+        q.device_total = r->dev->props.total_bytes;
+        const char *tmp = getenv("TMPDIR");
+        snprintf(r->path, sizeof(r->path), "%s/flexshim-replay-XXXXXX", tmp && *tmp ? tmp : "/tmp");
+        int fd = mkstemp(r->path);
+        if (fd < 0) {
+            r->path[0] = '\0';
+            seterr(err, errlen, "cannot create a temporary file in %s", tmp && *tmp ? tmp : "/tmp");
+            rc = FS_ERR_IO;
+        } else {
+            close(fd);
+            rc = fs_profile_save(r->path, &q, err, errlen);
+        }
+    } else if (rc == FS_ERR_NOMEM) {
+        seterr(err, errlen, "out of memory");
+    }
+    free(sigs);
+    free(launches);
+    return rc;
+}
+
+static int start_engine(struct replay *r, const struct fs_replay_config *cfg, char *err,
+                        size_t errlen)
+{
+    char budget[64], profile[300], strategy[64];
+    snprintf(budget, sizeof(budget), "FLEXTENSOR_GPU_MEMORY_LIMIT=%llu",
+             (unsigned long long)cfg->budget);
+    snprintf(profile, sizeof(profile), "FLEXTENSOR_PROFILE=%s", r->path);
+    snprintf(strategy, sizeof(strategy), "FLEXTENSOR_STRATEGY=%s",
+             cfg->strategy ? cfg->strategy : "adaptive");
+    char *envp[] = {"FLEXTENSOR_CONFIG=", budget, profile, "FLEXTENSOR_MIN_OFFLOAD_BYTES=0",
+                    "FLEXTENSOR_REMAP_SAFETY=tracked", "FLEXTENSOR_LOG_LEVEL=error",
+                    cfg->strategy ? strategy : NULL, NULL};
+    fs_engine_teardown();
+    fs_engine_use_device(r->dev);
+    fs_engine_set_tracker(NULL);
+    r->engine_started = true;
+    if (fs_engine_init(envp) != FS_OK) {
+        seterr(err, errlen, "the engine refused its settings (budget %llu bytes, strategy %s)",
+               (unsigned long long)cfg->budget, cfg->strategy ? cfg->strategy : "adaptive");
+        return FS_ERR_CONFIG;
+    }
+    return FS_OK;
+}
+
+/* One iteration of the profile's launches through the engine. */
+static int run_iteration(struct replay *r, const struct fs_profile *p, char *err, size_t errlen)
+{
+    for (int i = 0; i < p->nlaunches; i++) {
+        const struct fs_prof_launch *l = &p->launches[i];
+        uint64_t ptrs[FS_LAUNCH_MAX_REFS], sizes[FS_SIM_MAX_KERNEL_PTRS];
+        int n = l->nrefs < FS_LAUNCH_MAX_REFS ? l->nrefs : FS_LAUNCH_MAX_REFS;
+        for (int j = 0; j < n; j++) {
+            int a = p->refs[l->ref_start + j];
+            ptrs[j] = r->va[a];
+            if (j < FS_SIM_MAX_KERNEL_PTRS)
+                sizes[j] = p->allocs[a].size;
+        }
+        struct fs_launch_desc d = {
+            .func = r->kernel_of[i] >= 0 ? &r->keys[r->kernel_of[i]] : NULL,
+            .stream = r->streams[l->stream < 64 ? l->stream : 63],
+            .ptrs = ptrs,
+            .nptrs = n,
+        };
+        struct fs_launch_ticket t;
+        fs_engine_launch_enter(&d, &t);
+        int rc = fs_sim_launch(r->dev, d.stream, (uint64_t)(l->duration_us * 1000), ptrs, sizes,
+                               n < FS_SIM_MAX_KERNEL_PTRS ? n : FS_SIM_MAX_KERNEL_PTRS, NULL,
+                               NULL);
+        fs_engine_launch_exit(&t, rc == FS_OK);
+        if (rc != FS_OK) {
+            seterr(err, errlen, "the simulated device failed at launch %d (%s): a remap under "
+                   "queued work, which is a flexshim bug", i, fs_err_str(rc));
+            return rc;
+        }
+    }
+    return r->dev->ops->ctx_sync(r->dev);
+}
+
+int fs_replay(const struct fs_profile *p, const struct fs_replay_config *cfg,
+              struct fs_replay_result *out, char *err, size_t errlen)
+{
+    memset(out, 0, sizeof(*out));
+    if (!cfg || cfg->iterations <= WARMUP || fs_profile_check(p) != FS_OK || p->nlaunches == 0) {
+        seterr(err, errlen, "nothing to replay: it needs a profile with launches and at least "
+               "%d iterations", WARMUP + 1);
+        return FS_ERR_INVALID;
+    }
+    if (cfg->budget < 64ull << 20) {
+        seterr(err, errlen, "a budget of %llu bytes is too small for GPU_MEMORY_LIMIT (at least "
+               "64 MiB)", (unsigned long long)cfg->budget);
+        return FS_ERR_CONFIG;
+    }
+    struct replay r = {0};
+    int rc = open_device(p, &r.dev);
+    if (rc != FS_OK) {
+        seterr(err, errlen, "the simulated device cannot be set up for this profile (%s)",
+               fs_err_str(rc));
+        return rc;
+    }
+    rc = write_profile(&r, p, err, errlen);
+    if (rc == FS_OK)
+        rc = start_engine(&r, cfg, err, errlen);
+    r.va = calloc((size_t)p->nallocs + 1, sizeof(*r.va));
+    r.ends_us = calloc((size_t)cfg->iterations, sizeof(*r.ends_us));
+    if (rc == FS_OK && (!r.va || !r.ends_us)) {
+        seterr(err, errlen, "out of memory");
+        rc = FS_ERR_NOMEM;
+    }
+    for (int a = 0; a < p->nallocs && rc == FS_OK; a++) {
+        rc = fs_engine_alloc(p->allocs[a].size, 0, &r.va[a]);
+        if (rc != FS_OK)
+            seterr(err, errlen, "allocation %d (%llu bytes) could not be made on the simulated "
+                   "device (%s)", a, (unsigned long long)p->allocs[a].size, fs_err_str(rc));
+    }
+    for (int i = 0; i < p->nlaunches && rc == FS_OK; i++)
+        while (r.nstreams <= (int)(p->launches[i].stream < 64 ? p->launches[i].stream : 63) &&
+               rc == FS_OK)
+            rc = fs_sim_stream_create(r.dev, &r.streams[r.nstreams++]);
+    double start_us = (double)fs_sim_now_ns(r.dev) / 1000;
+    for (int it = 0; it < cfg->iterations && rc == FS_OK; it++) {
+        rc = run_iteration(&r, p, err, errlen);
+        r.ends_us[it] = (double)fs_sim_now_ns(r.dev) / 1000;
+    }
+    if (rc == FS_OK) {
+        fs_engine_drain_moves();
+        struct fs_engine_stats st;
+        fs_engine_get_stats(&st);
+        out->exec = st.exec;
+        out->res = st.res;
+        int m = cfg->iterations - WARMUP;
+        double *d = r.ends_us; /* differences in place, from the end: each needs its left */
+        for (int it = cfg->iterations - 1; it >= WARMUP; it--)
+            d[it] -= d[it - 1];
+        qsort(d + WARMUP, (size_t)m, sizeof(double), cmp_double);
+        out->step_us = m % 2 ? d[WARMUP + m / 2] : (d[WARMUP + m / 2 - 1] + d[WARMUP + m / 2]) / 2;
+        out->first_us = d[0] - start_us;
+    }
+    cleanup(&r);
+    return rc;
+}

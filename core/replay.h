@@ -1,0 +1,45 @@
+/* Replaying a profile on the simulated device: the real engine (residency and plan executor) runs
+ * the profile's plan against its own launches, with the profile's kernel times and link, and the
+ * remap costs measured on the GPU (DESIGN.md). Unlike the timeline model the strategies use
+ * (strategy.h), this includes what the executor actually does: moves one at a time on its mover
+ * thread, write-backs and prefetches that do not overlap, host time spent mapping, the program
+ * thread waiting for late prefetches, and a synchronize at the end of every iteration (as a
+ * decode loop does when it reads its token).
+ *
+ * The engine is a process-wide singleton: a replay must not run while it manages a program (the
+ * tool runs it, never the preloaded library). */
+#ifndef FS_REPLAY_H
+#define FS_REPLAY_H
+
+#include <stdint.h>
+
+#include "executor.h"
+#include "profile.h"
+#include "residency.h"
+
+/* Host time per GiB mapped or unmapped, measured on the H200 machine (DESIGN.md): device memory
+ * map + set access about 0.1 ms, unmap 0.05 ms; pinned host memory map + set access about
+ * 10.5 ms, unmap 2.3 ms. */
+#define FS_REPLAY_MAP_DEVICE_NS_PER_GIB 103000ull
+#define FS_REPLAY_UNMAP_DEVICE_NS_PER_GIB 50000ull
+#define FS_REPLAY_MAP_HOST_NS_PER_GIB 10500000ull
+#define FS_REPLAY_UNMAP_HOST_NS_PER_GIB 2300000ull
+
+struct fs_replay_config {
+    uint64_t budget;      /* GPU_MEMORY_LIMIT in bytes (at least 64 MiB) */
+    const char *strategy; /* NULL: the profile's plan if made for BUDGET, else adaptive */
+    int iterations;       /* run; the first two are warm-up */
+};
+
+struct fs_replay_result {
+    double step_us;  /* median iteration time after the warm-up */
+    double first_us; /* the first iteration (reactive until the executor finds its place) */
+    struct fs_exec_stats exec;
+    struct fs_res_stats res;
+};
+
+/* FS_OK, or an error with ERR saying why (the budget is too small, out of memory, ...). */
+int fs_replay(const struct fs_profile *p, const struct fs_replay_config *cfg,
+              struct fs_replay_result *out, char *err, size_t errlen);
+
+#endif

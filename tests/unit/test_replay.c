@@ -1,0 +1,99 @@
+/* Replaying a profile on the simulated device (core/replay.h): the sample profile at a budget
+ * that keeps everything resident takes its compute time; under a budget that offloads, the plan
+ * moves allocations on the mover thread, every iteration, without failures, and takes longer;
+ * bad budgets are refused with a reason. */
+#include <string.h>
+
+#include "profile.h"
+#include "replay.h"
+#include "test_util.h"
+
+#define MIB (1024ull * 1024ull)
+#define SAMPLE "tests/data/small.json"
+
+static void load_sample(struct fs_profile *p)
+{
+    char err[512] = "";
+    assert_int_equal(fs_profile_load(SAMPLE, p, err, sizeof(err)), FS_OK);
+}
+
+static double compute_us(const struct fs_profile *p)
+{
+    double c = 0;
+    for (int i = 0; i < p->nlaunches; i++)
+        c += p->launches[i].duration_us;
+    return c;
+}
+
+static void test_everything_resident_takes_the_compute_time(void **state)
+{
+    (void)state;
+    struct fs_profile p;
+    load_sample(&p);
+    struct fs_replay_config cfg = {1024 * MIB, NULL, 6};
+    struct fs_replay_result r;
+    char err[512] = "";
+    assert_int_equal(fs_replay(&p, &cfg, &r, err, sizeof(err)), FS_OK);
+    double c = compute_us(&p);
+    /* One stream, back to back; the synchronize at each end adds nothing on the device. */
+    assert_true(r.step_us >= c - 1 && r.step_us < c * 1.01);
+    /* Only allocations no launch uses leave the device (the plan offloads them), once. */
+    uint64_t unused = 0;
+    for (int a = 0; a < p.nallocs; a++)
+        unused += p.allocs[a].first_use < 0;
+    assert_true(unused > 0);
+    assert_int_equal(r.res.evictions, unused);
+    assert_int_equal(r.res.faults, 0);
+    assert_int_equal(r.exec.plans, 1);
+    assert_true(r.exec.synced > 0);
+    fs_profile_free(&p);
+}
+
+static void test_offloading_moves_every_iteration(void **state)
+{
+    (void)state;
+    struct fs_profile p;
+    load_sample(&p);
+    enum { ITERS = 8 };
+    struct fs_replay_config cfg = {128 * MIB, "knapsack", ITERS};
+    struct fs_replay_result r;
+    char err[512] = "";
+    assert_int_equal(fs_replay(&p, &cfg, &r, err, sizeof(err)), FS_OK);
+    /* Slower than compute alone: 210 MiB of allocations under 128 MiB must move over a 25 GB/s
+     * link and be remapped. */
+    assert_true(r.step_us > compute_us(&p) * 1.5);
+    assert_true(r.first_us > 0);
+    assert_true(r.res.prefetches >= ITERS - 2);
+    assert_true(r.res.evictions >= ITERS - 2);
+    assert_int_equal(r.res.failures, 0);
+    assert_int_equal(r.exec.move_failures, 0);
+    assert_int_equal(r.exec.departures, 0);
+    assert_true(r.res.device_bytes_peak <= 128 * MIB);
+    fs_profile_free(&p);
+}
+
+static void test_bad_requests_are_refused(void **state)
+{
+    (void)state;
+    struct fs_profile p;
+    load_sample(&p);
+    struct fs_replay_result r;
+    char err[512] = "";
+    struct fs_replay_config small = {32 * MIB, NULL, 6};
+    assert_int_equal(fs_replay(&p, &small, &r, err, sizeof(err)), FS_ERR_CONFIG);
+    assert_non_null(strstr(err, "at least 64 MiB"));
+    struct fs_replay_config few = {128 * MIB, NULL, 2};
+    assert_int_equal(fs_replay(&p, &few, &r, err, sizeof(err)), FS_ERR_INVALID);
+    assert_non_null(strstr(err, "at least 3 iterations"));
+    fs_profile_free(&p);
+}
+
+int main(void)
+{
+    const struct CMUnitTest tests[] = {
+        cmocka_unit_test(test_everything_resident_takes_the_compute_time),
+        cmocka_unit_test(test_offloading_moves_every_iteration),
+        cmocka_unit_test(test_bad_requests_are_refused),
+    };
+    return cmocka_run_group_tests(tests, NULL, NULL);
+}
