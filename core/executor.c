@@ -346,6 +346,21 @@ static void give_up(struct fs_executor *x)
             (unsigned long long)x->lost_run);
 }
 
+/* Launches left out or added that one iteration may have while the place is kept. */
+static int max_mismatches(int n)
+{
+    return n / 8 > FS_EXEC_SKIP_MAX ? n / 8 : FS_EXEC_SKIP_MAX;
+}
+
+/* The launch at CUR was matched: the next one expected; mismatches count per iteration. */
+static void advance(struct fs_executor *x, int cur)
+{
+    int n = x->prof.nlaunches;
+    if (cur + 1 >= n)
+        x->mismatches_here = 0;
+    x->pos = (cur + 1) % n;
+}
+
 /* Lock held: the place of the launch with signature SIG in the iteration, or -1 (lost). */
 static int follow(struct fs_executor *x, uint64_t sig)
 {
@@ -354,29 +369,36 @@ static int follow(struct fs_executor *x, uint64_t sig)
     if (x->synced) {
         if (x->prof.launches[x->pos].kernel == sig) {
             int cur = x->pos;
-            x->pos = (cur + 1) % n;
+            advance(x, cur);
             x->stats.synced++;
             x->extra_run = 0;
             return cur;
         }
-        /* A launch or a few this run does not make (another kernel choice, a copy fewer)... */
-        for (int k = 1; k <= FS_EXEC_SKIP_MAX; k++) {
-            int cur = (x->pos + k) % n;
-            if (x->prof.launches[cur].kernel == sig) {
-                x->pos = (cur + 1) % n;
-                x->stats.skipped += (uint64_t)k;
-                x->stats.synced++;
-                x->extra_run = 0;
-                return cur;
-            }
-        }
-        /* ... or one it makes in addition: keep the place for a few launches. */
-        if (++x->extra_run <= FS_EXEC_SKIP_MAX) {
+        /* A launch or a few this run does not make (another kernel choice, a copy fewer), or
+         * one it makes in addition, keep the place; but not too many in one iteration: then the
+         * program does something else. */
+        int k = 1;
+        while (k <= FS_EXEC_SKIP_MAX && x->prof.launches[(x->pos + k) % n].kernel != sig)
+            k++;
+        bool extra = k > FS_EXEC_SKIP_MAX;
+        x->mismatches_here += extra ? 1 : k;
+        bool keep = x->mismatches_here <= max_mismatches(n) &&
+                    (!extra || ++x->extra_run <= FS_EXEC_SKIP_MAX);
+        if (keep && extra) {
             x->stats.extra++;
             return -1;
         }
+        if (keep) {
+            int cur = (x->pos + k) % n;
+            if (x->pos + k >= n)
+                x->mismatches_here = 0; /* a new iteration began */
+            x->stats.skipped += (uint64_t)k;
+            x->stats.synced++;
+            x->extra_run = 0;
+            advance(x, cur);
+            return cur;
+        }
         x->synced = false;
-        x->extra_run = 0;
         x->stats.departures++;
         FS_DEBUG("plan: launch %d of the iteration expected, other kernels came", x->pos);
     }
@@ -386,7 +408,8 @@ static int follow(struct fs_executor *x, uint64_t sig)
             FS_INFO("plan: the program reached the profile's iteration (launch %d of %d); "
                     "running the plan", q, n);
         x->synced = x->ever_synced = true;
-        x->pos = (q + 1) % n;
+        x->extra_run = x->mismatches_here = 0;
+        advance(x, q);
         x->stats.syncs++;
         x->stats.synced++;
         x->lost_run = 0;

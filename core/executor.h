@@ -34,7 +34,8 @@
 
 /* Signatures that must match to find the place in the iteration again. */
 #define FS_EXEC_SYNC_WINDOW 32
-/* Launches of the plan a run may leave out, or add, at one point without losing its place. */
+/* Launches of the plan a run may leave out, or add, at one point without losing its place (and
+ * in one iteration, at most this many or an eighth of its launches, whichever is more). */
 #define FS_EXEC_SKIP_MAX 8
 
 struct fs_exec_stats {
@@ -79,6 +80,7 @@ struct fs_executor {
     size_t tab_mask;
     uint64_t lost_run;       /* consecutive lost launches */
     int extra_run;           /* consecutive launches not in the plan while synced */
+    int mismatches_here;     /* launches left out or added in this iteration so far */
     bool gave_up;            /* set when giving up; fs_exec_take_give_up clears it */
     char mismatch[256];      /* why the profile was refused, for the log */
     /* the mover */

@@ -219,8 +219,9 @@ static void alloc_program(struct fs_device *dev, uint64_t *w, int nlayers, uint6
  * Returns the number of layer kernels that found a wrong mark. */
 enum { ACT_KERNELS = 4 };
 /* MARK_*: how iterations are marked; EXTRA_LAUNCH: no mark, but every 4th iteration makes one
- * launch more, in its middle. */
-enum mark_mode { NO_MARK, MARK_CALL, MARK_KERNEL, EXTRA_LAUNCH };
+ * launch more, in its middle; CHANGED: another program, whose first activation kernel of each
+ * layer is another kernel. */
+enum mark_mode { NO_MARK, MARK_CALL, MARK_KERNEL, EXTRA_LAUNCH, CHANGED };
 
 static void launch_start_kernel(struct fs_device *dev, fs_stream s)
 {
@@ -251,6 +252,10 @@ static int run_marked_program(struct fs_device *dev, uint64_t *w, int nlayers, u
             bool head = k % (ACT_KERNELS + 1) != 0 || l == nlayers;
             if (mark == EXTRA_LAUNCH && it % 4 == 3 && k == 12)
                 launch_start_kernel(dev, s);
+            if (mark == CHANGED && k % (ACT_KERNELS + 1) == 1) {
+                launch_start_kernel(dev, s);
+                continue;
+            }
             uint64_t params[2] = {head ? act : w[l], act};
             void *argv[2] = {&params[0], &params[1]};
             struct fs_launch_desc d = {.func = head ? &head_kernel : &layer_kernel,
@@ -480,6 +485,41 @@ static void test_plan_tolerates_an_extra_launch(void **state)
     unlink(path);
 }
 
+/* A program that leaves the plan's iteration for good: the executor departs, runs reactively,
+ * gives up after a while, and discovery makes a new plan for what the program does now. */
+static void test_plan_given_up_and_made_again(void **state)
+{
+    (void)state;
+    char path[64], in_env[128];
+    fresh_path(path, sizeof(path));
+    record_profile(path, "FLEXTENSOR_GPU_MEMORY_LIMIT=64MiB");
+    struct fs_device *dev = open_sim();
+    register_kernels(dev);
+    snprintf(in_env, sizeof(in_env), "FLEXTENSOR_PROFILE=%s", path);
+    char *envp[] = {"FLEXTENSOR_CONFIG=", "FLEXTENSOR_GPU_MEMORY_LIMIT=64MiB", MIN_OFFLOAD,
+                    "FLEXTENSOR_REMAP_SAFETY=tracked", "FLEXTENSOR_PROFILING_ITERS=2", in_env,
+                    NULL};
+    start(dev, envp);
+    uint64_t w[L], act;
+    alloc_program(dev, w, L, &act, 2 * MIB);
+    assert_int_equal(run_marked_program(dev, w, L, act, 10, NO_MARK), 0);
+    struct fs_engine_stats st;
+    fs_engine_get_stats(&st);
+    assert_int_equal(st.exec.syncs, 1);
+    assert_int_equal(st.exec.departures, 0);
+    /* Lost for 4 x 31 + 8192 launches (about 270 iterations), then discovery (2048) and
+     * confirmation (4096 launches): 520 iterations of the changed program are enough. */
+    assert_int_equal(run_marked_program(dev, w, L, act, 520, CHANGED), 0);
+    fs_engine_get_stats(&st);
+    assert_int_equal(st.exec.departures, 1);
+    assert_int_equal(st.exec.give_ups, 1);
+    assert_int_equal(st.exec.plans, 2);
+    assert_true(st.exec.syncs >= 2);
+    assert_int_equal(st.exec.move_failures, 0);
+    stop(dev);
+    unlink(path);
+}
+
 /* A profile that does not describe the program (another size for allocation 3), or that cannot
  * be read, is refused and the program is discovered again (a new profile is saved). */
 static void test_mismatched_or_corrupt_profile_rediscovers(void **state)
@@ -536,6 +576,7 @@ int main(void)
         cmocka_unit_test(test_marked_iterations),
         cmocka_unit_test(test_plan_runs_from_saved_profile),
         cmocka_unit_test(test_plan_tolerates_an_extra_launch),
+        cmocka_unit_test(test_plan_given_up_and_made_again),
         cmocka_unit_test(test_mismatched_or_corrupt_profile_rediscovers),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
