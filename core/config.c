@@ -13,6 +13,7 @@
 #include <stdlib.h>
 #include <string.h>
 #include <strings.h>
+#include <unistd.h>
 
 #include "fs.h"
 
@@ -400,6 +401,7 @@ static void accepted_form(const struct fs_param_def *d, char *buf, size_t len)
         snprintf(buf, len, "use one of %s", list);
         break;
     case FS_PT_STRING:
+    case FS_PT_PATH:
         snprintf(buf, len, "use at most %d characters", FS_VALUE_TEXT_MAX - 1);
         break;
     }
@@ -430,7 +432,8 @@ static const char *malformed_what(enum fs_param_type t)
     case FS_PT_SIZE:
     case FS_PT_SIZE_PCT: return "not a size";
     case FS_PT_ENUM: return "unknown choice";
-    case FS_PT_STRING: return "too long";
+    case FS_PT_STRING:
+    case FS_PT_PATH: return "too long";
     }
     return "invalid";
 }
@@ -509,7 +512,7 @@ int fs_config_parse(enum fs_param_id id, const char *text, struct fs_value *out,
     }
     memcpy(v.text, text, len);
     v.text[len] = '\0';
-    if (!len && d->type != FS_PT_STRING)
+    if (!len && d->type != FS_PT_STRING && d->type != FS_PT_PATH)
         return fail_malformed(d, why, why_len);
 
     switch (d->type) {
@@ -554,7 +557,8 @@ int fs_config_parse(enum fs_param_id id, const char *text, struct fs_value *out,
         v.u = (uint64_t)idx;
         break;
     }
-    case FS_PT_STRING: break;
+    case FS_PT_STRING:
+    case FS_PT_PATH: break;
     }
     *out = v;
     return FS_OK;
@@ -937,6 +941,46 @@ int fs_config_read_env(struct fs_config *cfg, char *const *envp, struct fs_confi
 
 /* ---- loading ---------------------------------------------------------------------------- */
 
+/* {rank} and {pid} in FS_PT_PATH values, so each process of a distributed job gets its own
+ * files. */
+static void expand_paths(struct fs_config *cfg, char *const *envp, struct errsink *s)
+{
+    const char *rank = env_lookup(envp, "RANK");
+    if (!rank || !*rank)
+        rank = env_lookup(envp, "LOCAL_RANK");
+    if (!rank || !*rank)
+        rank = "0";
+    char pid[24];
+    snprintf(pid, sizeof(pid), "%ld", (long)getpid());
+    for (int id = 0; id < FS_P_COUNT; id++) {
+        if (fs_param_defs[id].type != FS_PT_PATH || !strchr(cfg->v[id].text, '{'))
+            continue;
+        char out[FS_VALUE_TEXT_MAX];
+        size_t o = 0;
+        bool fits = true;
+        for (const char *p = cfg->v[id].text; *p && fits;) {
+            const char *with = NULL;
+            if (!strncmp(p, "{rank}", 6))
+                with = rank, p += 6;
+            else if (!strncmp(p, "{pid}", 5))
+                with = pid, p += 5;
+            size_t n = with ? strlen(with) : 1;
+            fits = o + n < sizeof(out);
+            if (fits)
+                memcpy(out + o, with ? with : p++, n);
+            o += n;
+        }
+        if (!fits) {
+            sink_add(s, "%s=%s: too long once {rank} and {pid} are replaced; use at most %d "
+                     "characters", fs_param_defs[id].env_name, cfg->v[id].text,
+                     FS_VALUE_TEXT_MAX - 1);
+            continue;
+        }
+        out[o] = '\0';
+        memcpy(cfg->v[id].text, out, o + 1);
+    }
+}
+
 int fs_config_load(struct fs_config *cfg, char *const *envp, struct fs_config_errors *errs)
 {
     struct errsink s = {errs, 0};
@@ -978,6 +1022,7 @@ int fs_config_load(struct fs_config *cfg, char *const *envp, struct fs_config_er
         }
     }
     read_env_impl(cfg, envp, &s);
+    expand_paths(cfg, envp, &s);
     return s.n ? FS_ERR_CONFIG : FS_OK;
 }
 
@@ -1036,6 +1081,10 @@ static void describe_values(const struct fs_param_def *d, char *buf, size_t len)
         break;
     case FS_PT_STRING:
         snprintf(buf, len, "text of up to %d characters", FS_VALUE_TEXT_MAX - 1);
+        break;
+    case FS_PT_PATH:
+        snprintf(buf, len, "a file name of up to %d characters; {rank} becomes the process's RANK "
+                 "(else LOCAL_RANK, else 0), {pid} its process id", FS_VALUE_TEXT_MAX - 1);
         break;
     }
 }

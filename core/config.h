@@ -9,7 +9,17 @@
 
 #include "config_params.h"
 
-enum fs_param_type { FS_PT_BOOL, FS_PT_INT, FS_PT_SIZE, FS_PT_SIZE_PCT, FS_PT_ENUM, FS_PT_STRING };
+/* FS_PT_PATH: text in which {rank} and {pid} are replaced once everything is read (per-process
+ * files under torchrun). */
+enum fs_param_type {
+    FS_PT_BOOL,
+    FS_PT_INT,
+    FS_PT_SIZE,
+    FS_PT_SIZE_PCT,
+    FS_PT_ENUM,
+    FS_PT_STRING,
+    FS_PT_PATH
+};
 
 enum fs_param_id {
 #define FS_PARAM_ENUM_(name, ...) FS_P_##name,

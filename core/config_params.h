@@ -4,7 +4,8 @@
  *   NAME     the setting; environment variable FLEXTENSOR_<NAME>, INI key <name> (lower case) in
  *            the [flexshim] section, enum constant FS_P_<NAME>.
  *   TYPE     FS_PT_BOOL, FS_PT_INT, FS_PT_SIZE (bytes with units), FS_PT_SIZE_PCT (bytes or a
- *            percentage of the device's memory), FS_PT_ENUM, FS_PT_STRING.
+ *            percentage of the device's memory), FS_PT_ENUM, FS_PT_STRING, FS_PT_PATH (a file
+ *            name in which {rank} and {pid} are replaced).
  *   DEFAULT  the built-in value, written as a user would write it.
  *   MIN/MAX  bounds for INT and SIZE types (bytes); ignored otherwise.
  *   CHOICES  "a|b|c" for FS_PT_ENUM; the value is the index into this list.
@@ -26,9 +27,9 @@ FS_PARAM(GPU_MEMORY_LIMIT, FS_PT_SIZE_PCT, "100%", 64 * FS_MIB, 64 * FS_TIB, NUL
     "Device memory that managed allocations may hold: bytes (8GiB, 512MB) or percent of the device (60%).") \
 FS_PARAM(STRATEGY, FS_PT_ENUM, "adaptive", 0, 0, "adaptive|knapsack|greedy|global",                \
     "Planner that decides which allocations stay resident.")                                       \
-FS_PARAM(PROFILE, FS_PT_STRING, "", 0, 0, NULL,                                                    \
+FS_PARAM(PROFILE, FS_PT_PATH,   "", 0, 0, NULL,                                                    \
     "Profile to start from (skips discovery and profiling when it matches the program).")          \
-FS_PARAM(PROFILE_OUT, FS_PT_STRING, "", 0, 0, NULL,                                                \
+FS_PARAM(PROFILE_OUT, FS_PT_PATH,   "", 0, 0, NULL,                                                \
     "Where to save the profile once planning is done (empty: do not save).")                       \
 FS_PARAM(ITERATION_KERNEL, FS_PT_STRING, "", 0, 0, NULL,                                           \
     "Part of the name of the kernel that starts each iteration, where finding it from the launches fails (empty: automatic).") \
@@ -38,7 +39,7 @@ FS_PARAM(PROFILING_ITERS, FS_PT_INT, "5", 0, 10000, NULL,                       
     "Iterations timed (kernels, transfers) before the plan is made; medians are kept.")            \
 FS_PARAM(LOG_LEVEL, FS_PT_ENUM, "warn", 0, 0, "error|warn|info|debug|trace",                       \
     "Least severe message that is written.")                                                       \
-FS_PARAM(LOG_FILE, FS_PT_STRING, "", 0, 0, NULL,                                                   \
+FS_PARAM(LOG_FILE, FS_PT_PATH,   "", 0, 0, NULL,                                                   \
     "File the log is appended to (empty: stderr).")                                                \
 FS_PARAM(DEVICE, FS_PT_INT, "0", 0, 63, NULL,                                                      \
     "CUDA device ordinal whose allocations are managed; others pass through.")                     \
@@ -50,6 +51,6 @@ FS_PARAM(REMAP_SAFETY, FS_PT_ENUM, "strict", 0, 0, "strict|tracked",            
     "strict: a remap first waits for all queued GPU work (safe for pointers kept in device memory); tracked: only for launches that referenced the allocation.") \
 FS_PARAM(MEMINFO_VIEW, FS_PT_ENUM, "budget", 0, 0, "budget|device",                            \
     "What cudaMemGetInfo reports: the budget (total = limit, free = what is left of it) or the device.") \
-FS_PARAM(TIMING_REPORT, FS_PT_STRING, "", 0, 0, NULL,                                              \
+FS_PARAM(TIMING_REPORT, FS_PT_PATH,   "", 0, 0, NULL,                                              \
     "Write the timing report at exit to this file ('-' for the log; empty: off).")
 /* clang-format on */

@@ -1,5 +1,7 @@
 /* Configuration: the parameter table, value parsing, INI and environment readers, --dump and the
  * generated INI file. */
+#include <unistd.h>
+
 #include "test_util.h"
 
 #include <ctype.h>
@@ -490,6 +492,42 @@ static void test_errors_cap(void **state)
 }
 
 /* ---- the environment -------------------------------------------------------------------- */
+
+/* File names with {rank} and {pid}: one file per process of a torchrun job. */
+static void test_paths_per_rank(void **state)
+{
+    (void)state;
+    struct fs_config cfg;
+    struct fs_config_errors errs = {0};
+    char *ranked[] = {"FLEXTENSOR_CONFIG=", "RANK=3", "LOCAL_RANK=1",
+                      "FLEXTENSOR_PROFILE_OUT=/tmp/p-{rank}.json",
+                      "FLEXTENSOR_LOG_FILE=/tmp/{rank}/{pid}.log",
+                      "FLEXTENSOR_ITERATION_KERNEL=k{rank}", NULL};
+    assert_int_equal(fs_config_load(&cfg, ranked, &errs), FS_OK);
+    assert_string_equal(fs_config_str(&cfg, FS_P_PROFILE_OUT), "/tmp/p-3.json");
+    char want[64];
+    snprintf(want, sizeof(want), "/tmp/3/%ld.log", (long)getpid());
+    assert_string_equal(fs_config_str(&cfg, FS_P_LOG_FILE), want);
+    /* Only file names are expanded. */
+    assert_string_equal(fs_config_str(&cfg, FS_P_ITERATION_KERNEL), "k{rank}");
+    char *local[] = {"FLEXTENSOR_CONFIG=", "LOCAL_RANK=1", "FLEXTENSOR_PROFILE=/p{rank}{x}", NULL};
+    assert_int_equal(fs_config_load(&cfg, local, &errs), FS_OK);
+    assert_string_equal(fs_config_str(&cfg, FS_P_PROFILE), "/p1{x}");
+    char *none[] = {"FLEXTENSOR_CONFIG=", "FLEXTENSOR_PROFILE={rank}", NULL};
+    assert_int_equal(fs_config_load(&cfg, none, &errs), FS_OK);
+    assert_string_equal(fs_config_str(&cfg, FS_P_PROFILE), "0");
+    /* Too long once expanded: an error naming the setting. */
+    char long_rank[120] = "RANK=";
+    memset(long_rank + 5, '7', 100);
+    long_rank[105] = '\0';
+    char *toolong[] = {"FLEXTENSOR_CONFIG=", long_rank,
+                       "FLEXTENSOR_PROFILE_OUT={rank}{rank}{rank}{rank}{rank}{rank}", NULL};
+    struct fs_config_errors e2 = {0};
+    assert_int_equal(fs_config_load(&cfg, toolong, &e2), FS_ERR_CONFIG);
+    assert_int_equal(e2.count, 1);
+    assert_non_null(strstr(e2.msg[0], "FLEXTENSOR_PROFILE_OUT="));
+    assert_non_null(strstr(e2.msg[0], "too long once {rank} and {pid} are replaced"));
+}
 
 static void test_env_value_errors(void **state)
 {
@@ -1164,6 +1202,7 @@ int main(void)
         cmocka_unit_test(test_parse_size_messages),
         cmocka_unit_test(test_parse_string_trim_and_failure),
         cmocka_unit_test(test_errors_cap),
+        cmocka_unit_test(test_paths_per_rank),
         cmocka_unit_test(test_env_value_errors),
         cmocka_unit_test(test_env_unknown_with_suggestion),
         cmocka_unit_test(test_env_unknown_without_suggestion),
