@@ -131,39 +131,37 @@ static bool present_at(const struct fs_plan_entry *e, int i)
     return i >= e->prefetch_at || i <= e->evict_after;
 }
 
-/* CSR lists: for each launch, the allocations whose prefetch (EVICT false: prefetch_at) or
- * eviction (evict_after) is planned there. */
+/* Where allocation E's prefetch (EVICT false) or eviction is planned, or -1. */
+static int action_at(const struct fs_plan_entry *e, bool evict)
+{
+    return e->resident ? -1 : evict ? e->evict_after : e->prefetch_at;
+}
+
+/* CSR lists: for each launch, the allocations whose prefetch (EVICT false) or eviction is
+ * planned there. */
 static int build_actions(const struct fs_profile *p, bool evict, int **start_out, int **ids_out)
 {
     int n = p->nlaunches;
-    int *start = calloc((size_t)n + 1, sizeof(int));
+    int *start = calloc((size_t)n + 2, sizeof(int));
     int *ids = malloc(((size_t)p->nallocs + 1) * sizeof(int));
     if (!start || !ids) {
         free(start);
         free(ids);
         return FS_ERR_NOMEM;
     }
+    /* Count into start[at + 2], sum, then fill through start[at + 1]: it ends as the start. */
     for (int a = 0; a < p->nallocs; a++) {
-        const struct fs_plan_entry *e = &p->plan.entries[a];
-        int at = evict ? e->evict_after : e->prefetch_at;
-        if (!e->resident && at >= 0)
-            start[at + 1]++;
+        int at = action_at(&p->plan.entries[a], evict);
+        if (at >= 0)
+            start[at + 2]++;
     }
     for (int i = 0; i < n; i++)
-        start[i + 1] += start[i];
-    int *fill = calloc((size_t)n + 1, sizeof(int));
-    if (!fill) {
-        free(start);
-        free(ids);
-        return FS_ERR_NOMEM;
-    }
+        start[i + 2] += start[i + 1];
     for (int a = 0; a < p->nallocs; a++) {
-        const struct fs_plan_entry *e = &p->plan.entries[a];
-        int at = evict ? e->evict_after : e->prefetch_at;
-        if (!e->resident && at >= 0)
-            ids[start[at] + fill[at]++] = a;
+        int at = action_at(&p->plan.entries[a], evict);
+        if (at >= 0)
+            ids[start[at + 1]++] = a;
     }
-    free(fill);
     *start_out = start;
     *ids_out = ids;
     return FS_OK;

@@ -420,22 +420,32 @@ static void record_profile(const char *path, const char *budget_env)
     fs_profile_free(&p);
 }
 
+/* A fresh engine on a new simulated device, started from the saved profile PATH (64 MiB,
+ * tracked remaps, and EXTRA if given), with the program's allocations made. */
+static struct fs_device *start_from_profile(const char *path, char *extra, uint64_t *w,
+                                            uint64_t *act)
+{
+    static char in_env[128];
+    struct fs_device *dev = open_sim();
+    register_kernels(dev);
+    snprintf(in_env, sizeof(in_env), "FLEXTENSOR_PROFILE=%s", path);
+    char *envp[] = {"FLEXTENSOR_CONFIG=", "FLEXTENSOR_GPU_MEMORY_LIMIT=64MiB", MIN_OFFLOAD,
+                    "FLEXTENSOR_REMAP_SAFETY=tracked", in_env, extra, NULL};
+    start(dev, envp);
+    alloc_program(dev, w, L, act, 2 * MIB);
+    return dev;
+}
+
 /* A saved profile: the next run skips discovery and profiling and runs the plan from its first
  * iteration; the data stays exact; evictions follow the plan instead of fault-ins. */
 static void test_plan_runs_from_saved_profile(void **state)
 {
     (void)state;
-    char path[64], in_env[128];
+    char path[64];
     fresh_path(path, sizeof(path));
     record_profile(path, "FLEXTENSOR_GPU_MEMORY_LIMIT=64MiB");
-    struct fs_device *dev = open_sim();
-    register_kernels(dev);
-    snprintf(in_env, sizeof(in_env), "FLEXTENSOR_PROFILE=%s", path);
-    char *envp[] = {"FLEXTENSOR_CONFIG=", "FLEXTENSOR_GPU_MEMORY_LIMIT=64MiB", MIN_OFFLOAD,
-                    "FLEXTENSOR_REMAP_SAFETY=tracked", in_env, NULL};
-    start(dev, envp);
     uint64_t w[L], act;
-    alloc_program(dev, w, L, &act, 2 * MIB);
+    struct fs_device *dev = start_from_profile(path, NULL, w, &act);
     enum { ITERS = 40 };
     assert_int_equal(run_program(dev, w, L, act, ITERS), 0);
     struct fs_engine_stats st;
@@ -460,17 +470,11 @@ static void test_plan_runs_from_saved_profile(void **state)
 static void test_plan_tolerates_an_extra_launch(void **state)
 {
     (void)state;
-    char path[64], in_env[128];
+    char path[64];
     fresh_path(path, sizeof(path));
     record_profile(path, "FLEXTENSOR_GPU_MEMORY_LIMIT=64MiB");
-    struct fs_device *dev = open_sim();
-    register_kernels(dev);
-    snprintf(in_env, sizeof(in_env), "FLEXTENSOR_PROFILE=%s", path);
-    char *envp[] = {"FLEXTENSOR_CONFIG=", "FLEXTENSOR_GPU_MEMORY_LIMIT=64MiB", MIN_OFFLOAD,
-                    "FLEXTENSOR_REMAP_SAFETY=tracked", in_env, NULL};
-    start(dev, envp);
     uint64_t w[L], act;
-    alloc_program(dev, w, L, &act, 2 * MIB);
+    struct fs_device *dev = start_from_profile(path, NULL, w, &act);
     enum { ITERS = 40 };
     assert_int_equal(run_marked_program(dev, w, L, act, ITERS, EXTRA_LAUNCH), 0);
     struct fs_engine_stats st;
@@ -490,18 +494,11 @@ static void test_plan_tolerates_an_extra_launch(void **state)
 static void test_plan_given_up_and_made_again(void **state)
 {
     (void)state;
-    char path[64], in_env[128];
+    char path[64];
     fresh_path(path, sizeof(path));
     record_profile(path, "FLEXTENSOR_GPU_MEMORY_LIMIT=64MiB");
-    struct fs_device *dev = open_sim();
-    register_kernels(dev);
-    snprintf(in_env, sizeof(in_env), "FLEXTENSOR_PROFILE=%s", path);
-    char *envp[] = {"FLEXTENSOR_CONFIG=", "FLEXTENSOR_GPU_MEMORY_LIMIT=64MiB", MIN_OFFLOAD,
-                    "FLEXTENSOR_REMAP_SAFETY=tracked", "FLEXTENSOR_PROFILING_ITERS=2", in_env,
-                    NULL};
-    start(dev, envp);
     uint64_t w[L], act;
-    alloc_program(dev, w, L, &act, 2 * MIB);
+    struct fs_device *dev = start_from_profile(path, "FLEXTENSOR_PROFILING_ITERS=2", w, &act);
     assert_int_equal(run_marked_program(dev, w, L, act, 10, NO_MARK), 0);
     struct fs_engine_stats st;
     fs_engine_get_stats(&st);
