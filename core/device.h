@@ -30,6 +30,7 @@ struct fs_device_props {
     uint64_t total_bytes;      /* device memory */
     uint64_t granularity;      /* VA reservation and physical allocation granularity */
     bool host_phys_supported;  /* physical memory located on the host can be mapped (invariant 1) */
+    int driver_version;        /* the driver's CUDA version (13000 = 13.0); 0 when unknown */
 };
 
 struct fs_device;

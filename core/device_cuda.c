@@ -779,6 +779,8 @@ int fs_device_cuda_open(int ordinal, struct fs_device **out)
     if (err != FS_OK)
         goto out;
     dev->props.total_bytes = total;
+    if (fs_cuda.cuDriverGetVersion(&dev->props.driver_version) != CUDA_SUCCESS)
+        dev->props.driver_version = 0; /* only shown */
 
     fill_prop(&prop, CU_MEM_LOCATION_TYPE_DEVICE, ordinal);
     err = CU_CHECK(cuMemGetAllocationGranularity(&gran, &prop, CU_MEM_ALLOC_GRANULARITY_MINIMUM));

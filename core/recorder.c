@@ -266,6 +266,7 @@ int fs_rec_build_profile(struct fs_recorder *r, struct fs_profile *p)
     p->cc_major = dp->cc_major;
     p->cc_minor = dp->cc_minor;
     p->device_total = dp->total_bytes;
+    p->driver_version = dp->driver_version;
     read_program(p->program, sizeof(p->program));
     p->nallocs = r->nallocs;
     p->allocs = calloc((size_t)r->nallocs + 1, sizeof(*p->allocs));

@@ -751,9 +751,12 @@ static int show_run(int argc, char **argv)
     char s1[SIZE_TEXT_MAX], s2[SIZE_TEXT_MAX], why[512];
     double compute = compute_us(&p);
     printf("profile   %s (schema %d)\n", a.file, p.version);
-    printf("device    %s (compute capability %d.%d, %s, driver %d.%d)\n", p.device_name,
-           p.cc_major, p.cc_minor, size_text(p.device_total, s1), p.driver_version / 1000,
-           p.driver_version % 1000 / 10);
+    char driver[32] = "driver version not recorded";
+    if (p.driver_version > 0)
+        snprintf(driver, sizeof(driver), "CUDA driver %d.%d", p.driver_version / 1000,
+                 p.driver_version % 1000 / 10);
+    printf("device    %s (compute capability %d.%d, %s, %s)\n", p.device_name, p.cc_major,
+           p.cc_minor, size_text(p.device_total, s1), driver);
     printf("program   %s\n", p.program[0] ? p.program : "(not recorded)");
     if (p.bw.h2d_bytes_per_us > 0.0)
         printf("link      host to device %.1f GB/s + %.1f us, device to host %.1f GB/s + %.1f us "

@@ -58,7 +58,7 @@ expect "check: a stale saved prediction is noted" "$tmp/e" "note: the saved plan
 # 2. show
 run "$tmp/show" "$tmp/e" show "$SMALL"
 expect_rc "show: exits 0" 0 $rc "$tmp/e"
-expect "show: device" "$tmp/show" '^device +NVIDIA H200 \(compute capability 9\.0, 140\.40 GiB, driver 13\.0\)$'
+expect "show: device" "$tmp/show" '^device +NVIDIA H200 \(compute capability 9\.0, 140\.40 GiB, CUDA driver 13\.0\)$'
 expect "show: program" "$tmp/show" '^program +python infer\.py --model tiny$'
 expect "show: link model" "$tmp/show" 'host to device 25\.0 GB/s \+ 10\.0 us'
 expect "show: iteration totals" "$tmp/show" '^iteration 7 launches, 7\.855 ms of compute; 10 allocations, 214\.0 MiB on the device \(210\.0 MiB used by launches\)$'
