@@ -417,7 +417,9 @@ void fs_engine_launch_enter(const struct fs_launch_desc *d, struct fs_launch_tic
         t->active = false;
         return;
     }
+    uint64_t t0 = fs_rec_active(&eng.rec) ? fs_now_ns() : 0;
     fs_launch_scan(&eng.res, d, t);
+    t->t_enter_ns = t0;
     fs_exec_launch_enter(&eng.exec, t);
     fs_launch_hold(&eng.res, t);
     if (fs_rec_active(&eng.rec))
@@ -436,7 +438,7 @@ void fs_engine_launch_exit(struct fs_launch_ticket *t, bool queued)
     fs_launch_exit(&eng.res, t, queued);
     fs_exec_launch_exit(&eng.exec, t);
     if (record)
-        fs_rec_launch(&eng.rec, t->func, t->sig, t->stream, orders, n);
+        fs_rec_launch(&eng.rec, t->func, t->sig, t->stream, orders, n, t->t_enter_ns);
     if (FS_UNLIKELY(eng.planning && fs_exec_take_give_up(&eng.exec)))
         fs_rec_restart(&eng.rec);
 }

@@ -4,6 +4,7 @@
 
 #include <stddef.h>
 #include <stdint.h>
+#include <time.h>
 
 /* Everything is hidden by default (-fvisibility=hidden); only the intercepted CUDA entry points
  * and the public flexshim_* API carry FS_EXPORT. tests/preload/test_exports.sh checks this. */
@@ -39,6 +40,14 @@ static inline uint64_t fs_round_up(uint64_t v, uint64_t g)
 /* Make the array *ARR (elements of ELEM bytes, capacity *CAP) hold at least NEED elements,
  * doubling; false (and nothing changed) when out of memory. */
 _Bool fs_grow(void **arr, size_t *cap, size_t need, size_t elem);
+
+/* CLOCK_MONOTONIC in nanoseconds. */
+static inline uint64_t fs_now_ns(void)
+{
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return (uint64_t)ts.tv_sec * 1000000000ull + (uint64_t)ts.tv_nsec;
+}
 
 /* True on the engine's own threads (the plan executor's mover, the host pinner): the CUDA calls
  * they make are not the program's, and launch tracking must not see them. */

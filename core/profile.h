@@ -29,6 +29,9 @@ struct fs_prof_launch {
     double duration_us; /* median kernel time over the profiling iterations */
     int nrefs;          /* allocations it references: refs[ref_start .. ref_start + nrefs) */
     int ref_start;
+    double host_us;     /* median time the program spent on the host before queueing it, since
+                         * the previous launch was queued (flexshim's own time left out); 0 when
+                         * not measured */
 };
 
 /* Host-to-device transfer time by size on this machine's link: t(bytes) = latency + bytes / bw,

@@ -6,7 +6,7 @@
  *   "program":     "...",
  *   "allocations": [{"order", "size", "mapped", "first_use", "last_use"}, ...],
  *   "launches":    [{"kernel": "0x<16 hex digits>", "name" (optional), "stream", "duration_us",
- *                    "refs": [allocation indices]}, ...],
+ *                    "host_us" (optional, 0 when absent), "refs": [allocation indices]}, ...],
  *   "bandwidth":   {"h2d_latency_us", "h2d_bytes_per_us", "d2h_latency_us", "d2h_bytes_per_us",
  *                   "points": [{"bytes", "h2d_us", "d2h_us"}, ...]},
  *   "plan" (absent before planning):
@@ -364,7 +364,8 @@ static bool parse_launches(struct rd *r, json_t *arr, struct fs_profile *p)
         }
         long long stream = 0;
         if (!(v = field(r, o, w, "stream", path)) || !as_ll(r, v, path, 0, UINT32_MAX, &stream) ||
-            !get_number(r, o, w, "duration_us", &l->duration_us))
+            !get_number(r, o, w, "duration_us", &l->duration_us) ||
+            (json_object_get(o, "host_us") && !get_number(r, o, w, "host_us", &l->host_us)))
             return false;
         l->stream = (uint32_t)stream;
         json_t *refs = json_object_get(o, "refs");
@@ -804,6 +805,8 @@ static json_t *build_doc(const struct fs_profile *p, struct wr *w)
             put_str(w, o, "name", p->kernel_names[i], SIZE_MAX);
         put(w, o, "stream", json_integer(l->stream));
         put_real(w, o, where, "duration_us", l->duration_us);
+        if (l->host_us > 0)
+            put_real(w, o, where, "host_us", l->host_us);
         json_t *refs = json_array();
         put(w, o, "refs", refs);
         for (int k = 0; refs && k < l->nrefs; k++)

@@ -21,13 +21,6 @@
  * leaves is rejected for the rest of the discovery. */
 #define CONFIRM_LAUNCHES (4 * DETECT_EVERY)
 
-static uint64_t now_ns(void)
-{
-    struct timespec ts;
-    clock_gettime(CLOCK_MONOTONIC, &ts);
-    return (uint64_t)ts.tv_sec * 1000000000ull + (uint64_t)ts.tv_nsec;
-}
-
 int fs_rec_init(struct fs_recorder *r, struct fs_device *dev, const struct fs_rec_config *cfg)
 {
     memset(r, 0, sizeof(*r));
@@ -51,6 +44,8 @@ int fs_rec_init(struct fs_recorder *r, struct fs_device *dev, const struct fs_re
 
 static void free_events(struct fs_recorder *r)
 {
+    free(r->host_us);
+    r->host_us = NULL;
     if (!r->events)
         return;
     for (int i = 0; i < 2 * r->period * r->profiling_iters; i++)
@@ -180,10 +175,13 @@ static int begin_profiling(struct fs_recorder *r, int start, int period, int n_i
         nrefs += r->launches[i].nrefs;
     r->tmpl = malloc((size_t)period * sizeof(*r->tmpl));
     r->tmpl_refs = malloc(((size_t)nrefs + 1) * sizeof(*r->tmpl_refs));
-    r->events = calloc(2 * (size_t)period * (size_t)(r->profiling_iters ? r->profiling_iters : 1),
-                       sizeof(*r->events));
-    if (!r->tmpl || !r->tmpl_refs || !r->events)
+    size_t slots = (size_t)period * (size_t)(r->profiling_iters ? r->profiling_iters : 1);
+    r->events = calloc(2 * slots, sizeof(*r->events));
+    r->host_us = malloc(slots * sizeof(*r->host_us));
+    if (!r->tmpl || !r->tmpl_refs || !r->events || !r->host_us)
         return FS_ERR_NOMEM;
+    for (size_t i = 0; i < slots; i++)
+        r->host_us[i] = -1;
     int k = 0;
     for (int i = 0; i < period; i++) {
         struct fs_rec_launch l = r->launches[start + i];
@@ -210,31 +208,40 @@ static int cmp_double(const void *a, const void *b)
     return (x > y) - (x < y);
 }
 
-/* Median time of each launch from just before it was queued to its end (lock held): the GPU's
- * time for it, without the gaps while the device waited for the program (or for fault-ins). */
-static void launch_durations(struct fs_recorder *r, double *dur_us)
+/* The median of the N samples in S (sorted in place); 0 for none. */
+static double median(double *s, int n)
+{
+    if (n == 0)
+        return 0;
+    qsort(s, (size_t)n, sizeof(double), cmp_double);
+    return n % 2 ? s[n / 2] : (s[n / 2 - 1] + s[n / 2]) / 2;
+}
+
+/* Per launch, medians over the timed iterations (lock held): its GPU time, from just before it
+ * was queued to its end (the gaps while the device waited for the program or for fault-ins are
+ * left out), and the program's host time before it. */
+static void launch_times(struct fs_recorder *r, double *dur_us, double *host_us)
 {
     int P = r->period, I = r->iters_timed;
-    double *samples = malloc(((size_t)I + 1) * sizeof(double));
-    for (int i = 0; i < P; i++) {
-        int ns = 0;
-        for (int it = 0; it < I && samples; it++) {
+    double *gpu = malloc(((size_t)I + 1) * sizeof(double));
+    double *host = malloc(((size_t)I + 1) * sizeof(double));
+    for (int i = 0; i < P && gpu && host; i++) {
+        int ng = 0, nh = 0;
+        for (int it = 0; it < I; it++) {
             int idx = it * P + i;
             float ms;
-            if (!r->events[2 * idx] || !r->events[2 * idx + 1] ||
+            if (r->events[2 * idx] && r->events[2 * idx + 1] &&
                 fs_dev_call(r->dev, event_elapsed_ms, r->events[2 * idx], r->events[2 * idx + 1],
-                            &ms) != FS_OK)
-                continue;
-            samples[ns++] = ms * 1000.0;
+                            &ms) == FS_OK)
+                gpu[ng++] = ms * 1000.0;
+            if (r->host_us[idx] >= 0)
+                host[nh++] = r->host_us[idx];
         }
-        if (ns == 0) {
-            dur_us[i] = 0;
-            continue;
-        }
-        qsort(samples, (size_t)ns, sizeof(double), cmp_double);
-        dur_us[i] = ns % 2 ? samples[ns / 2] : (samples[ns / 2 - 1] + samples[ns / 2]) / 2;
+        dur_us[i] = median(gpu, ng);
+        host_us[i] = median(host, nh);
     }
-    free(samples);
+    free(gpu);
+    free(host);
 }
 
 /* The program's command line, for show. */
@@ -277,7 +284,7 @@ int fs_rec_build_profile(struct fs_recorder *r, struct fs_profile *p)
     for (int i = 0; i < P; i++)
         total_refs += r->tmpl[i].nrefs;
     p->refs = malloc(((size_t)total_refs + 1) * sizeof(int));
-    double *dur = calloc((size_t)P, sizeof(double));
+    double *dur = calloc(2 * (size_t)P, sizeof(double)), *host = dur ? dur + P : NULL;
     if (!p->allocs || !p->launches || !p->kernel_names || !p->refs || !dur) {
         free(dur);
         fs_profile_free(p);
@@ -287,7 +294,7 @@ int fs_rec_build_profile(struct fs_recorder *r, struct fs_profile *p)
         p->allocs[a] = (struct fs_prof_alloc){(uint64_t)a, r->alloc_size[a], r->alloc_mapped[a],
                                               -1, -1};
     if (r->iters_timed > 0)
-        launch_durations(r, dur);
+        launch_times(r, dur, host);
     uint32_t stream_ids[64];
     fs_stream streams[64];
     int nstreams = 0;
@@ -306,6 +313,7 @@ int fs_rec_build_profile(struct fs_recorder *r, struct fs_profile *p)
         pl->kernel = l->sig;
         pl->stream = sid < nstreams ? stream_ids[sid] : 63;
         pl->duration_us = dur[i];
+        pl->host_us = host[i];
         pl->ref_start = k;
         const char *name = l->func ? name_of(r, l->func) : "memcpy/memset";
         p->kernel_names[i] = name ? strdup(name) : NULL;
@@ -491,7 +499,7 @@ void fs_rec_launch_start(struct fs_recorder *r, fs_stream stream)
 }
 
 void fs_rec_launch(struct fs_recorder *r, const void *func, uint64_t sig, fs_stream stream,
-                   const uint64_t *orders, int n)
+                   const uint64_t *orders, int n, uint64_t t_enter_ns)
 {
     pthread_mutex_lock(&r->lock);
     int phase = __atomic_load_n(&r->phase, __ATOMIC_ACQUIRE);
@@ -520,7 +528,7 @@ void fs_rec_launch(struct fs_recorder *r, const void *func, uint64_t sig, fs_str
                 memcpy(&r->refs[r->nrefs], orders, (size_t)n * sizeof(*orders));
             r->launches[r->nlaunches++] = (struct fs_rec_launch){sig, stream, func, n, r->nrefs};
             r->nrefs += n;
-            fs_iter_push(&r->det, sig, now_ns());
+            fs_iter_push(&r->det, sig, fs_now_ns());
         }
         int marked = mark && r->nlaunches > 0 ? marked_iteration(r, r->nlaunches - 1) : 0;
         if (marked > 0) {
@@ -555,6 +563,10 @@ void fs_rec_launch(struct fs_recorder *r, const void *func, uint64_t sig, fs_str
             reset_discovery(r);
         } else {
             r->followed++;
+            if (r->counting && r->iters_timed < r->profiling_iters && t_enter_ns &&
+                r->last_exit_ns && t_enter_ns >= r->last_exit_ns)
+                r->host_us[r->iters_timed * r->period + r->pos] =
+                    (float)(t_enter_ns - r->last_exit_ns) / 1000.0f;
             record_timing(r, 1, stream);
             if (++r->pos == r->period) {
                 r->pos = 0;
@@ -567,5 +579,6 @@ void fs_rec_launch(struct fs_recorder *r, const void *func, uint64_t sig, fs_str
             }
         }
     }
+    r->last_exit_ns = fs_now_ns();
     pthread_mutex_unlock(&r->lock);
 }

@@ -81,6 +81,8 @@ struct fs_recorder {
     int period, pos, iters_timed;
     bool counting; /* pos reached 0 since profiling began */
     fs_event *events; /* 2 * period * profiling_iters: before and after each launch */
+    float *host_us;   /* period * profiling_iters: host time before each launch, -1 unknown */
+    uint64_t last_exit_ns; /* when the previous launch had been queued */
     /* allocations in order */
     uint64_t *alloc_size, *alloc_mapped;
     int nallocs;
@@ -128,10 +130,11 @@ void fs_rec_mark_iteration(struct fs_recorder *r);
  * phase, so a later discovery knows every allocation. */
 void fs_rec_note_alloc(struct fs_recorder *r, uint64_t order, uint64_t size, uint64_t mapped);
 
-/* A launch was queued: FUNC (NULL for copies), its signature SIG (launch.h), STREAM, and the
- * allocation orders it referenced. */
+/* A launch was queued: FUNC (NULL for copies), its signature SIG (launch.h), STREAM, the
+ * allocation orders it referenced, and when it reached flexshim (T_ENTER_NS, 0 if unknown): the
+ * time since the previous launch was queued is the program's own host time. */
 void fs_rec_launch(struct fs_recorder *r, const void *func, uint64_t sig, fs_stream stream,
-                   const uint64_t *orders, int n);
+                   const uint64_t *orders, int n, uint64_t t_enter_ns);
 
 /* A launch is about to be queued on STREAM (its references held): while profiling, the event
  * its time is measured from. */

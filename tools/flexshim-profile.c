@@ -768,6 +768,12 @@ static int show_run(int argc, char **argv)
     printf("iteration %d launches, %.3f ms of compute; %d allocations, %.1f MiB on the device "
            "(%.1f MiB used by launches)\n",
            p.nlaunches, ms(compute), p.nallocs, mib(total_mapped(&p)), mib(managed_bytes(&p)));
+    double host = 0;
+    for (int i = 0; i < p.nlaunches; i++)
+        host += p.launches[i].host_us;
+    if (host > 0)
+        printf("host      %.3f ms per iteration in the program between its launches (its own "
+               "time, flexshim's left out)\n", ms(host));
     show_sizes(&p);
 
     rc = EXIT_OK;

@@ -62,6 +62,10 @@ expect "show: device" "$tmp/show" '^device +NVIDIA H200 \(compute capability 9\.
 expect "show: program" "$tmp/show" '^program +python infer\.py --model tiny$'
 expect "show: link model" "$tmp/show" 'host to device 25\.0 GB/s \+ 10\.0 us'
 expect "show: iteration totals" "$tmp/show" '^iteration 7 launches, 7\.855 ms of compute; 10 allocations, 214\.0 MiB on the device \(210\.0 MiB used by launches\)$'
+expect_not "show: no host line when the program's host time was not measured" "$tmp/show" '^host '
+sed 's/"duration_us": \([0-9.]*\),/"duration_us": \1, "host_us": 12,/' "$SMALL" >"$tmp/host.json"
+run "$tmp/o" "$tmp/e" show "$tmp/host.json"
+expect "show: the program's host time per iteration (7 x 12 us)" "$tmp/o" '^host +0\.084 ms per iteration in the program between its launches'
 expect "show: sizes < 1 MiB" "$tmp/show" '^  < 1 MiB +1 +0\.5$'
 expect "show: sizes 4-16 MiB" "$tmp/show" '^  4 MiB - 16 MiB +5 +36\.0$'
 expect "show: sizes 16-64 MiB" "$tmp/show" '^  16 MiB - 64 MiB +2 +47\.5$'

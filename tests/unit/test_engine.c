@@ -342,6 +342,13 @@ static void test_profile_recorded_and_planned(void **state)
             assert_true(p.launches[i].duration_us >= 99.0);
     }
     assert_int_equal(heads, PER_ITER - L);
+    /* The program's host time between launches was measured (a few microseconds here). */
+    double host = 0;
+    for (int i = 0; i < p.nlaunches; i++) {
+        assert_true(p.launches[i].host_us >= 0 && p.launches[i].host_us < 1e6);
+        host += p.launches[i].host_us;
+    }
+    assert_true(host > 0);
     assert_int_equal(p.allocs[0].mapped, 56 * MIB);
     assert_true(p.allocs[1].first_use >= 0);
     /* The plan: made by the configured strategy for the budget, and valid. */
