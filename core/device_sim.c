@@ -1263,6 +1263,16 @@ void fs_sim_advance(struct fs_device *dev, uint64_t ns)
     pthread_mutex_unlock(&s->lock);
 }
 
+void fs_sim_advance_to(struct fs_device *dev, uint64_t t_ns)
+{
+    struct sim *s = sim_of(dev);
+    if (!s)
+        return;
+    pthread_mutex_lock(&s->lock);
+    run_until(s, t_ns); /* never backwards */
+    pthread_mutex_unlock(&s->lock);
+}
+
 uint64_t fs_sim_now_ns(struct fs_device *dev)
 {
     struct sim *s = sim_of(dev);

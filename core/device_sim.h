@@ -115,6 +115,8 @@ void fs_sim_fail_nth(struct fs_device *dev, enum fs_sim_op op, uint64_t nth, int
 
 /* Move the clock forward by NS, completing whatever finishes by then. */
 void fs_sim_advance(struct fs_device *dev, uint64_t ns);
+/* Move the clock to T_NS if it is earlier (another thread may have moved it meanwhile). */
+void fs_sim_advance_to(struct fs_device *dev, uint64_t t_ns);
 uint64_t fs_sim_now_ns(struct fs_device *dev);
 
 /* Mark STREAM (NULL: the legacy default stream) as capturing into a graph, or not. Unknown

@@ -38,6 +38,7 @@ struct replay {
     fs_stream streams[64];
     int nstreams;
     double *ends_us;         /* per iteration */
+    uint64_t program_free_ns; /* when the program thread's last call returned (sim clock) */
     bool engine_started;
 };
 
@@ -159,11 +160,15 @@ static int start_engine(struct replay *r, const struct fs_replay_config *cfg, ch
     return FS_OK;
 }
 
-/* One iteration of the profile's launches through the engine. */
+/* One iteration of the profile's launches through the engine. The program thread spends each
+ * launch's host time (host_us) before queueing it, starting when its previous launch returned:
+ * it moves the clock only if nothing else (the mover's remaps, waits) already took it there. */
 static int run_iteration(struct replay *r, const struct fs_profile *p, char *err, size_t errlen)
 {
     for (int i = 0; i < p->nlaunches; i++) {
         const struct fs_prof_launch *l = &p->launches[i];
+        if (l->host_us > 0)
+            fs_sim_advance_to(r->dev, r->program_free_ns + (uint64_t)(l->host_us * 1000));
         uint64_t ptrs[FS_LAUNCH_MAX_REFS], sizes[FS_SIM_MAX_KERNEL_PTRS];
         int n = l->nrefs < FS_LAUNCH_MAX_REFS ? l->nrefs : FS_LAUNCH_MAX_REFS;
         for (int j = 0; j < n; j++) {
@@ -184,13 +189,16 @@ static int run_iteration(struct replay *r, const struct fs_profile *p, char *err
                                n < FS_SIM_MAX_KERNEL_PTRS ? n : FS_SIM_MAX_KERNEL_PTRS, NULL,
                                NULL);
         fs_engine_launch_exit(&t, rc == FS_OK);
+        r->program_free_ns = fs_sim_now_ns(r->dev);
         if (rc != FS_OK) {
             seterr(err, errlen, "the simulated device failed at launch %d (%s): a remap under "
                    "queued work, which is a flexshim bug", i, fs_err_str(rc));
             return rc;
         }
     }
-    return r->dev->ops->ctx_sync(r->dev);
+    int rc = r->dev->ops->ctx_sync(r->dev);
+    r->program_free_ns = fs_sim_now_ns(r->dev);
+    return rc;
 }
 
 int fs_replay(const struct fs_profile *p, const struct fs_replay_config *cfg,

@@ -1,5 +1,6 @@
 /* Replaying a profile on the simulated device (core/replay.h): the sample profile at a budget
- * that keeps everything resident takes its compute time; under a budget that offloads, the plan
+ * that keeps everything resident takes its compute time, or the program's host time when that is
+ * longer; under a budget that offloads, the plan
  * moves allocations on the mover thread, every iteration, without failures, and takes longer;
  * bad budgets are refused with a reason. */
 #include <string.h>
@@ -49,6 +50,25 @@ static void test_everything_resident_takes_the_compute_time(void **state)
     fs_profile_free(&p);
 }
 
+/* The program's own host time between launches (2 ms before each of 7 launches) bounds the
+ * iteration when it exceeds the compute. */
+static void test_program_host_time_counts(void **state)
+{
+    (void)state;
+    struct fs_profile p;
+    load_sample(&p);
+    for (int i = 0; i < p.nlaunches; i++)
+        p.launches[i].host_us = 2000;
+    struct fs_replay_config cfg = {1024 * MIB, NULL, 6};
+    struct fs_replay_result r;
+    char err[512] = "";
+    assert_int_equal(fs_replay(&p, &cfg, &r, err, sizeof(err)), FS_OK);
+    double host = 2000.0 * p.nlaunches;
+    assert_true(host > compute_us(&p));
+    assert_true(r.step_us >= host && r.step_us < host + p.launches[p.nlaunches - 1].duration_us + 1);
+    fs_profile_free(&p);
+}
+
 static void test_offloading_moves_every_iteration(void **state)
 {
     (void)state;
@@ -92,6 +112,7 @@ int main(void)
 {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_everything_resident_takes_the_compute_time),
+        cmocka_unit_test(test_program_host_time_counts),
         cmocka_unit_test(test_offloading_moves_every_iteration),
         cmocka_unit_test(test_bad_requests_are_refused),
     };
