@@ -61,6 +61,11 @@ typedef void (*fs_tl_sink)(const struct fs_tl_event *ev, void *arg);
 int fs_plan_evaluate_trace(const struct fs_profile *p, struct fs_plan *plan, fs_tl_sink sink,
                            void *arg);
 
+/* The iteration with every allocation resident under the same model: kernels in queue order,
+ * each no earlier than the program's host time (host_us) lets it be queued. The sum of the
+ * kernel times when no host time was measured. */
+double fs_profile_resident_us(const struct fs_profile *p);
+
 /* Transfer time in microseconds of BYTES host-to-device under the profile's link model. */
 double fs_bw_h2d_us(const struct fs_bw_model *bw, uint64_t bytes);
 /* The same for device-to-host (write-back of an evicted allocation). A model with no fitted

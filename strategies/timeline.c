@@ -21,12 +21,16 @@
  * use range, if an index is out of range, or if the profile itself is malformed.
  *
  * Time: the model simulates two consecutive iterations on three resources, each FIFO:
- *   compute: launch i starts at max(end of launch i-1, ready time of every offloaded allocation
- *            it references) and takes duration_us. Streams are not modelled: launches run one
- *            after another in queue order.
+ *   compute: launch i starts at max(end of launch i-1, the moment the program queues it, ready
+ *            time of every offloaded allocation it references) and takes duration_us. The
+ *            program queues launch i once its host time (host_us of launches 0..i, when the
+ *            profile measured it) has passed since the iteration began: a program that waits for
+ *            each iteration's result, as a decode loop does. Streams are not modelled: launches
+ *            run one after another in queue order.
  *   H2D link (prefetches): the prefetch of a window starting at p is issued when launch p is
  *            about to be queued: at the end of launch p-1 (for p = 0, the end of the previous
- *            iteration's last launch: the iteration start). It starts at
+ *            iteration's last launch: the iteration start), or when the program queues launch p
+ *            if that is later. It starts at
  *                max(issue time, H2D link free, D2H link free at the issue time)
  *            i.e. after every write-back queued so far (all evictions after launches up to p-1,
  *            in this iteration or, wrapping, the previous one) has ended: their memory is what it
@@ -45,7 +49,8 @@
  * every other offloaded allocation is fetched by its own prefetch. predicted_us is the duration of
  * iteration 1: the end of its last launch minus the end of iteration 0's last launch, so the
  * prefetches iteration 0 issues for iteration 1 and its write-backs are accounted for.
- * predicted_stall_us = predicted_us - sum of duration_us: the time compute waits for transfers.
+ * predicted_stall_us = predicted_us - fs_profile_resident_us (the iteration with everything
+ * resident: kernels and the program's host time): the time compute waits for transfers.
  * The stall of iteration 1 at launch i (its start minus the end of launch i-1) is charged to the
  * referenced allocation with the latest ready time (fs_plan_evaluate_ex). fs_plan_evaluate_trace
  * reports iteration 1's launches, prefetches and write-backs as intervals (what
@@ -222,16 +227,16 @@ static int evaluate(const struct fs_profile *p, struct fs_plan *plan, double *st
     if (stall_by_alloc)
         for (int a = 0; a < na; a++)
             stall_by_alloc[a] = 0.0;
-    double t = 0.0, h2d_free = 0.0, d2h_free = 0.0, iter0_end = 0.0, compute = 0.0;
-    for (int i = 0; i < n; i++)
-        compute += p->launches[i].duration_us;
+    double t = 0.0, h2d_free = 0.0, d2h_free = 0.0, iter0_end = 0.0;
     for (int iter = 0; iter < 2; iter++) {
         const bool report = emit && iter == 1;
+        double issue = t; /* the program's host time: it queues launch i no earlier than this */
         for (int i = 0; i < n; i++) {
             const struct fs_prof_launch *l = &p->launches[i];
+            issue += l->host_us;
             for (int k = pf_start[i]; k < pf_start[i + 1]; k++) {
                 int a = pf[k].alloc;
-                double s = max2(t, max2(h2d_free, d2h_free));
+                double s = max2(max2(t, issue), max2(h2d_free, d2h_free));
                 h2d_free = s + fs_bw_h2d_us(&p->bw, p->allocs[a].mapped);
                 ready[a] = h2d_free;
                 if (report)
@@ -241,7 +246,7 @@ static int evaluate(const struct fs_profile *p, struct fs_plan *plan, double *st
                                                .end_us = h2d_free - iter0_end},
                          sink_arg);
             }
-            double start = t;
+            double queued = max2(t, issue), start = queued;
             int culprit = -1;
             for (int r = l->ref_start; r < l->ref_start + l->nrefs; r++) {
                 int a = p->refs[r];
@@ -251,12 +256,12 @@ static int evaluate(const struct fs_profile *p, struct fs_plan *plan, double *st
                 }
             }
             if (iter == 1 && stall_by_alloc && culprit >= 0)
-                stall_by_alloc[culprit] += start - t;
+                stall_by_alloc[culprit] += start - queued;
             if (report)
                 sink(&(struct fs_tl_event){.lane = FS_TL_COMPUTE, .launch = i, .alloc = culprit,
                                            .start_us = start - iter0_end,
                                            .end_us = start + l->duration_us - iter0_end,
-                                           .wait_us = start - t},
+                                           .wait_us = start - queued},
                      sink_arg);
             t = start + l->duration_us;
             for (int k = ev_start[i]; k < ev_start[i + 1]; k++) {
@@ -277,7 +282,7 @@ static int evaluate(const struct fs_profile *p, struct fs_plan *plan, double *st
 
     plan->peak_bytes = peak;
     plan->predicted_us = t - iter0_end;
-    plan->predicted_stall_us = max2(0.0, plan->predicted_us - compute);
+    plan->predicted_stall_us = max2(0.0, plan->predicted_us - fs_profile_resident_us(p));
     rc = peak > plan->budget ? FS_ERR_INVALID : FS_OK;
 out:
     free(diff);
@@ -287,6 +292,16 @@ out:
     free(ev_list);
     free(ready);
     return rc;
+}
+
+double fs_profile_resident_us(const struct fs_profile *p)
+{
+    double t = 0.0, issue = 0.0;
+    for (int i = 0; i < p->nlaunches; i++) {
+        issue += p->launches[i].host_us;
+        t = max2(t, issue) + p->launches[i].duration_us;
+    }
+    return t;
 }
 
 int fs_plan_evaluate_ex(const struct fs_profile *p, struct fs_plan *plan, double *stall_by_alloc)

@@ -423,12 +423,13 @@ static uint64_t min_budget(const struct fs_profile *p, int *at)
     return (uint64_t)most;
 }
 
-/* The limit L of a plan's iteration time in the steady state: max(compute, bytes moved / W),
- * W the host-to-device bandwidth as the timeline model uses it (fitted, else its default). */
+/* The limit L of a plan's iteration time in the steady state: max(C, bytes moved / W), C the
+ * iteration with everything resident (kernels, and the program's host time where measured), W
+ * the host-to-device bandwidth as the timeline model uses it (fitted, else its default). */
 static double limit_us(const struct fs_profile *p, uint64_t moved)
 {
     double link = fs_bw_h2d_us(&p->bw, moved) - fs_bw_h2d_us(&p->bw, 0);
-    double c = compute_us(p);
+    double c = fs_profile_resident_us(p);
     return link > c ? link : c;
 }
 
@@ -847,7 +848,9 @@ static void simulate_help(FILE *out)
           "  offloaded MiB  B: bytes of the offloaded allocations launches use (moved every\n"
           "                 iteration)\n"
           "  peak MiB       the most device bytes the plan holds at any launch\n"
-          "  limit ms       L = max(C, B/W): C the sum of the kernel durations, W the host-to-device\n"
+          "  limit ms       L = max(C, B/W): C the iteration with everything resident (the kernel\n"
+          "                 durations, and the program's host time between launches where the\n"
+          "                 profile measured it), W the host-to-device\n"
           "                 bandwidth; no iteration of that plan runs faster in the steady state\n"
           "  infeasible     the allocations in use across some launch exceed the budget (the\n"
           "                 header names the smallest feasible budget)\n"
@@ -986,9 +989,14 @@ static int simulate_run(int argc, char **argv)
     if (rc == EXIT_OK) {
         char sz[SIZE_TEXT_MAX];
         printf("simulate %s: timeline model of the planned iteration, not a GPU run\n", a.file);
-        printf("  %d launches, compute C = %.3f ms; managed %.1f MiB (percentages are of this); "
+        double resident = fs_profile_resident_us(&p);
+        char with_host[96] = "";
+        if (resident > compute)
+            snprintf(with_host, sizeof(with_host), " (kernels %.3f ms, waiting for the program's "
+                     "host time)", ms(compute));
+        printf("  %d launches, compute C = %.3f ms%s; managed %.1f MiB (percentages are of this); "
                "host to device W = %.1f GB/s\n",
-               p.nlaunches, ms(compute), mib(managed), h2d_gbps(&p));
+               p.nlaunches, ms(resident), with_host, mib(managed), h2d_gbps(&p));
         if (at >= 0)
             printf("  smallest feasible budget: %s (the allocations in use across launch %d)\n",
                    size_text(need, sz), at);

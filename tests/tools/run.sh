@@ -66,6 +66,9 @@ expect_not "show: no host line when the program's host time was not measured" "$
 sed 's/"duration_us": \([0-9.]*\),/"duration_us": \1, "host_us": 12,/' "$SMALL" >"$tmp/host.json"
 run "$tmp/o" "$tmp/e" show "$tmp/host.json"
 expect "show: the program's host time per iteration (7 x 12 us)" "$tmp/o" '^host +0\.084 ms per iteration in the program between its launches'
+run "$tmp/o" "$tmp/e" simulate "$tmp/host.json" --budget 100% --strategy global
+expect "simulate: C waits for the program's host time (12 us before the first launch)" "$tmp/o" 'compute C = 7\.867 ms \(kernels 7\.855 ms, waiting for the program.s host time\)'
+expect "simulate: everything resident takes C" "$tmp/o" '^100% = 210 MiB +global +7\.867 +0\.000 +0\.0 +210\.0 +7\.867$'
 expect "show: sizes < 1 MiB" "$tmp/show" '^  < 1 MiB +1 +0\.5$'
 expect "show: sizes 4-16 MiB" "$tmp/show" '^  4 MiB - 16 MiB +5 +36\.0$'
 expect "show: sizes 16-64 MiB" "$tmp/show" '^  16 MiB - 64 MiB +2 +47\.5$'

@@ -378,6 +378,40 @@ static void test_evaluate_hand_example(void **state)
     fs_profile_free(&b.p);
 }
 
+/* The hand example with 1500 us of program host time before each launch (a decode-like program
+ * that waits for each iteration): launch i is queued at the iteration's start + 1500 (i + 1).
+ *   everything resident: L0 1500..2500, L1 3000..3300, L2 4500..6500: 6500 us, no stall.
+ *   the plan of test_evaluate_hand_example, iteration 1 from 7524: A0 up 9024..10048 (issued
+ *   when L0 is queued), L0 9024..10024, L1 10524..10824 (A0 ready), A0 down 10824..11336;
+ *   A1 up 12024..13048 (issued when L2 is queued, after every write-back), L2 waits for it:
+ *   13048..15048. 7524 us, of which 1024 waiting for A1. */
+static void test_evaluate_with_host_time(void **state)
+{
+    (void)state;
+    struct builder b;
+    struct fs_plan plan;
+    double stall[3];
+    hand_profile(&b);
+    for (int i = 0; i < 3; i++)
+        b.p.launches[i].host_us = 1500.0;
+    assert_true(fabs(fs_profile_resident_us(&b.p) - 6500.0) < 1e-9);
+    plan_alloc(&plan, 3, 8 * MIB);
+    for (int a = 0; a < 3; a++)
+        plan.entries[a] = (struct fs_plan_entry){true, -1, -1};
+    assert_int_equal(fs_plan_evaluate(&b.p, &plan), FS_OK);
+    assert_true(fabs(plan.predicted_us - 6500.0) < 1e-9);
+    assert_true(plan.predicted_stall_us == 0.0);
+    plan.entries[0] = (struct fs_plan_entry){false, 0, 1};
+    plan.entries[1] = (struct fs_plan_entry){false, 2, 2};
+    assert_int_equal(fs_plan_evaluate_ex(&b.p, &plan, stall), FS_OK);
+    assert_true(fabs(plan.predicted_us - 7524.0) < 1e-9);
+    assert_true(fabs(plan.predicted_stall_us - 1024.0) < 1e-9);
+    assert_true(stall[0] == 0.0);
+    assert_true(fabs(stall[1] - 1024.0) < 1e-9);
+    fs_plan_free(&plan);
+    fs_profile_free(&b.p);
+}
+
 /* Three launches of 2000 us, A (2 MiB) used by launch 0.
  * Window [0, 0]: the prefetch is issued at the iteration start and launch 0 waits for all of it.
  *   iteration 0: A up 0..1024, L0 1024..3024 (A down 3024..3536), L1 ..5024, L2 ..7024;
@@ -1013,6 +1047,7 @@ int main(void)
         cmocka_unit_test(test_strategy_table),
         cmocka_unit_test(test_profile_free_zeroes),
         cmocka_unit_test(test_evaluate_hand_example),
+        cmocka_unit_test(test_evaluate_with_host_time),
         cmocka_unit_test(test_evaluate_wrapped_prefetch),
         cmocka_unit_test(test_evaluate_rejects_bad_plans),
         cmocka_unit_test(test_profile_check),
