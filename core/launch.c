@@ -193,7 +193,7 @@ void fs_launch_scan(struct fs_residency *res, const struct fs_launch_desc *d,
 
 void fs_launch_hold(struct fs_residency *res, struct fs_launch_ticket *t)
 {
-    t->tick = fs_res_launch_begin(res, t->refs, t->n, t->stream);
+    t->tick = fs_res_launch_begin(res, t->refs, t->n, t->stream, t->unknown);
     t->active = true;
 }
 
@@ -208,9 +208,7 @@ void fs_launch_exit(struct fs_residency *res, struct fs_launch_ticket *t, bool q
 {
     if (!t->active)
         return;
-    if (FS_UNLIKELY(t->unknown))
-        fs_res_note_unknown(res);
-    fs_res_launch_done(res, t->tick, t->stream, t->refs, t->n, queued);
+    fs_res_launch_done(res, t->tick, t->stream, t->refs, t->n, queued, t->unknown);
     t->active = false;
 }
 

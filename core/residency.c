@@ -245,11 +245,12 @@ static void end_move(struct fs_residency *res, struct fs_alloc *a, int state)
  * moving. Pair with quiesce_end. */
 static int quiesce_begin(struct fs_residency *res, struct fs_alloc *a)
 {
-    if (res->strict) {
-        __atomic_add_fetch(&res->gate, 1, __ATOMIC_SEQ_CST);
-        while (__atomic_load_n(&res->launches_inflight, __ATOMIC_SEQ_CST) != 0)
-            sched_yield();
-    } else {
+    /* Close the gate and let the launches being queued finish queuing: every launch in strict
+     * mode, the unknown ones (parameters unreadable, so they hold nothing) in tracked mode. */
+    __atomic_add_fetch(&res->gate, 1, __ATOMIC_SEQ_CST);
+    while (__atomic_load_n(&res->launches_inflight, __ATOMIC_SEQ_CST) != 0)
+        sched_yield();
+    if (!res->strict) {
         uint64_t synced = LOAD(&res->synced_epoch);
         if (LOAD(&a->touch_epoch) < synced && LOAD(&res->unknown_epoch) < synced)
             return FS_OK; /* untouched since a full synchronize */
@@ -269,8 +270,7 @@ static int quiesce_begin(struct fs_residency *res, struct fs_alloc *a)
 
 static void quiesce_end(struct fs_residency *res)
 {
-    if (res->strict)
-        __atomic_sub_fetch(&res->gate, 1, __ATOMIC_SEQ_CST);
+    __atomic_sub_fetch(&res->gate, 1, __ATOMIC_SEQ_CST);
 }
 
 /* Replace A's mapping FROM by TO; on failure map FROM again so the VA stays mapped. */
@@ -540,10 +540,16 @@ int fs_res_free(struct fs_residency *res, fs_dptr va)
 
 /* ---- launches ------------------------------------------------------------------------------- */
 
-/* Strict mode: count the launch as being queued, unless a remap is waiting at the gate. */
-static void enter_gate(struct fs_residency *res)
+/* Launches a remap must see finish queuing: all in strict mode, the unknown ones in tracked. */
+static bool gated(const struct fs_residency *res, bool unknown)
 {
-    if (!res->strict)
+    return res->strict || unknown;
+}
+
+/* A gated launch counts as being queued, unless a remap is waiting at the gate. */
+static void enter_gate(struct fs_residency *res, bool unknown)
+{
+    if (!gated(res, unknown))
         return;
     for (;;) {
         __atomic_add_fetch(&res->launches_inflight, 1, __ATOMIC_SEQ_CST);
@@ -555,16 +561,16 @@ static void enter_gate(struct fs_residency *res)
     }
 }
 
-static void leave_gate(struct fs_residency *res)
+static void leave_gate(struct fs_residency *res, bool unknown)
 {
-    if (res->strict)
+    if (gated(res, unknown))
         __atomic_sub_fetch(&res->launches_inflight, 1, __ATOMIC_SEQ_CST);
 }
 
 uint64_t fs_res_launch_begin(struct fs_residency *res, struct fs_alloc *const *allocs, int n,
-                             fs_stream stream)
+                             fs_stream stream, bool unknown)
 {
-    enter_gate(res);
+    enter_gate(res, unknown);
     if (n == 0)
         return 0; /* most launches: nothing managed to hold, no shared counter to touch */
     uint64_t tick = __atomic_add_fetch(&res->tick, 1, __ATOMIC_RELAXED);
@@ -589,7 +595,7 @@ uint64_t fs_res_launch_begin(struct fs_residency *res, struct fs_alloc *const *a
     /* Slow path: drop the holds, move what is needed under the lock, take the holds again. */
     for (int i = 0; i < n; i++)
         __atomic_sub_fetch(&allocs[i]->inflight, 1, __ATOMIC_SEQ_CST);
-    leave_gate(res);
+    leave_gate(res, unknown);
     pthread_mutex_lock(&res->lock);
     for (int i = 0; i < n; i++) {
         struct fs_alloc *a = allocs[i];
@@ -604,7 +610,7 @@ uint64_t fs_res_launch_begin(struct fs_residency *res, struct fs_alloc *const *a
         }
     }
     /* Under the lock nothing moves and the gate is open, so these holds need no handshake. */
-    if (res->strict)
+    if (gated(res, unknown))
         __atomic_add_fetch(&res->launches_inflight, 1, __ATOMIC_SEQ_CST);
     for (int i = 0; i < n; i++)
         __atomic_add_fetch(&allocs[i]->inflight, 1, __ATOMIC_SEQ_CST);
@@ -613,7 +619,7 @@ uint64_t fs_res_launch_begin(struct fs_residency *res, struct fs_alloc *const *a
 }
 
 void fs_res_launch_done(struct fs_residency *res, uint64_t tick, fs_stream stream,
-                        struct fs_alloc *const *allocs, int n, bool queued)
+                        struct fs_alloc *const *allocs, int n, bool queued, bool unknown)
 {
     struct fs_shared_event *e = NULL;
     if (queued && n > 0 && !res->strict && LOAD(&res->pressure)) {
@@ -647,7 +653,10 @@ void fs_res_launch_done(struct fs_residency *res, uint64_t tick, fs_stream strea
             STORE(&allocs[i]->last_tick, tick);
         __atomic_sub_fetch(&allocs[i]->inflight, 1, __ATOMIC_SEQ_CST);
     }
-    leave_gate(res);
+    /* Stamped before leaving the gate: a remap waiting there then sees it and synchronizes. */
+    if (unknown && queued)
+        STORE(&res->unknown_epoch, epoch);
+    leave_gate(res, unknown);
 }
 
 /* ---- planner entry points ------------------------------------------------------------------- */

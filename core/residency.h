@@ -15,7 +15,9 @@
  *     parameters could not be read queued since then, forces a full synchronize first. Epochs
  *     tell "since": a full synchronize starts a new epoch before it begins, and launches are
  *     stamped with the epoch once queued, so work stamped with an older epoch than the last
- *     completed synchronize's is done.
+ *     completed synchronize's is done. Launches whose parameters could not be read hold
+ *     nothing, so they pass the strict gate in this mode too: a remap waits for those being
+ *     queued and keeps new ones out until it is done.
  * Eviction always writes the device bytes back to host (invariant 3: no unchecked shortcut).
  *
  * All state changes happen under one mutex; the launch hot path (launch.c) only reads atomics. */
@@ -142,28 +144,21 @@ static inline void fs_res_expect_moves(struct fs_residency *res)
     __atomic_store_n(&res->pressure, 1, __ATOMIC_RELEASE);
 }
 
-/* Begin a launch (every launch, N may be 0) that references ALLOCS (distinct): in strict mode
- * wait while a remap is in progress; take a hold on each so none is remapped
- * while the launch is queued, bringing evicted ones onto the device first (on-demand fault-in;
- * while STREAM is capturing nothing may synchronize or remap, so they are used where they
- * are). Returns the
+/* Begin a launch (every launch, N may be 0) that references ALLOCS (distinct); UNKNOWN: its
+ * parameters could not be read. In strict mode, or when UNKNOWN, wait while a remap is in
+ * progress (the gate); take a hold on each allocation so none is remapped while the launch is
+ * queued, bringing evicted ones onto the device first (on-demand fault-in; while STREAM is
+ * capturing nothing may synchronize or remap, so they are used where they are). Returns the
  * launch's tick for fs_res_launch_done. Never fails: what cannot be made resident is read from
  * host memory (counted). */
 uint64_t fs_res_launch_begin(struct fs_residency *res, struct fs_alloc *const *allocs, int n,
-                             fs_stream stream);
+                             fs_stream stream, bool unknown);
 
 /* After the launch was queued on STREAM (QUEUED false: the driver refused it): record its
- * last-use event under pressure and release the holds. */
+ * last-use event under pressure, note an unknown launch (the next remap synchronizes first) and
+ * release the holds and the gate. */
 void fs_res_launch_done(struct fs_residency *res, uint64_t tick, fs_stream stream,
-                        struct fs_alloc *const *allocs, int n, bool queued);
-
-/* A launch whose parameters could not be read, once queued: the next remap synchronizes the
- * device first. */
-static inline void fs_res_note_unknown(struct fs_residency *res)
-{
-    __atomic_store_n(&res->unknown_epoch, __atomic_load_n(&res->epoch, __ATOMIC_ACQUIRE),
-                     __ATOMIC_RELEASE);
-}
+                        struct fs_alloc *const *allocs, int n, bool queued, bool unknown);
 
 void fs_res_get_stats(struct fs_residency *res, struct fs_res_stats *out);
 
