@@ -512,7 +512,7 @@ void fs_engine_shutdown(void)
         return;
     /* No moves while the program's libraries shut down. */
     const struct fs_exec_stats x = s.exec;
-    fs_exec_destroy(&eng.exec);
+    fs_exec_shutdown(&eng.exec);
     FS_INFO("plan: %llu installed; %llu launches followed (%llu of the plan's skipped, %llu "
             "extra), %llu departures, %llu launches run reactively, found %llu times; %llu "
             "prefetches (%llu bytes moved in) and %llu evictions queued; %llu late and %llu "

@@ -31,7 +31,13 @@ static void *mover_main(void *arg)
         x->q_len--;
         x->busy = true;
         pthread_mutex_unlock(&x->lock);
-        int rc = job.evict ? fs_res_evict_id(x->res, job.id) : fs_res_prefetch_id(x->res, job.id);
+        bool capturing = false;
+        fs_stream st = __atomic_load_n(&x->last_stream, __ATOMIC_ACQUIRE);
+        if (fs_dev_call(x->res->dev, stream_capturing, st, &capturing) != FS_OK)
+            capturing = true;
+        int rc = capturing ? FS_ERR_NOT_READY
+                 : job.evict ? fs_res_evict_id(x->res, job.id)
+                             : fs_res_prefetch_id(x->res, job.id);
         pthread_mutex_lock(&x->lock);
         if (!job.evict && job.id < (uint64_t)x->prof.nallocs && x->pending[job.id] > 0)
             x->pending[job.id]--;
@@ -100,16 +106,27 @@ static void free_plan(struct fs_executor *x)
     x->q_cap = x->q_len = x->q_head = 0;
 }
 
-void fs_exec_destroy(struct fs_executor *x)
+void fs_exec_shutdown(struct fs_executor *x)
 {
     if (!x->mover_started)
         return;
     pthread_mutex_lock(&x->lock);
     x->stop = true;
     __atomic_store_n(&x->running, 0, __ATOMIC_RELEASE);
+    x->q_len = 0;
+    pthread_cond_broadcast(&x->done); /* a launch waiting for a prefetch goes on */
     pthread_cond_signal(&x->wake);
     pthread_mutex_unlock(&x->lock);
     pthread_join(x->mover, NULL);
+    x->mover_started = false;
+    x->mover_joined = true;
+}
+
+void fs_exec_destroy(struct fs_executor *x)
+{
+    if (!x->mover_started && !x->mover_joined)
+        return;
+    fs_exec_shutdown(x);
     free_plan(x);
     pthread_cond_destroy(&x->done);
     pthread_cond_destroy(&x->wake);
@@ -428,6 +445,14 @@ void fs_exec_launch_enter(struct fs_executor *x, struct fs_launch_ticket *t)
     t->pos = -1;
     if (!fs_exec_running(x))
         return;
+    /* A launch being captured into a graph does not run now, and nothing may synchronize or
+     * remap during a capture: no plan, and the mover pauses (it checks this stream too). */
+    bool capturing = false;
+    if (fs_dev_call(x->res->dev, stream_capturing, t->stream, &capturing) != FS_OK)
+        capturing = true;
+    __atomic_store_n(&x->last_stream, (void *)t->stream, __ATOMIC_RELEASE);
+    if (capturing)
+        return;
     pthread_mutex_lock(&x->lock);
     if (!fs_exec_running(x))
         goto out;
@@ -453,6 +478,8 @@ void fs_exec_launch_enter(struct fs_executor *x, struct fs_launch_ticket *t)
         x->stats.late++;
         while (fs_exec_running(x) && x->pending[a->id] > 0)
             pthread_cond_wait(&x->done, &x->lock);
+        if (!fs_exec_running(x))
+            break;
     }
 out:
     pthread_mutex_unlock(&x->lock);

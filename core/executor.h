@@ -85,7 +85,8 @@ struct fs_executor {
     char mismatch[256];      /* why the profile was refused, for the log */
     /* the mover */
     pthread_t mover;
-    bool mover_started, stop, busy;
+    bool mover_started, mover_joined, stop, busy;
+    void *last_stream;       /* atomic: the stream of the latest launch (capture check) */
     pthread_cond_t wake, done; /* jobs queued; the queue drained */
     struct fs_exec_job *q;
     size_t q_cap, q_head, q_len;
@@ -96,6 +97,9 @@ struct fs_executor {
 /* Start the mover thread (no plan yet). */
 int fs_exec_init(struct fs_executor *x, struct fs_residency *res);
 void fs_exec_destroy(struct fs_executor *x);
+/* At exit: stop following and join the mover, but keep the tables (other threads may still be
+ * launching); fs_exec_destroy frees them later. */
+void fs_exec_shutdown(struct fs_executor *x);
 
 /* Run P's plan from now on; the executor takes P (on success and failure: P is emptied).
  * FS_ERR_INVALID when P has no valid plan for its allocations. */
