@@ -4,7 +4,7 @@
 #include <string.h>
 
 #include "log.h"
-#include "strategies/strategy.h"
+#include "strategies/schedule.h"
 
 #define HASH_MUL 0x100000001b3ull /* odd: the rolling hash's base */
 #define TAB_EMPTY (-1)
@@ -136,16 +136,11 @@ void fs_exec_destroy(struct fs_executor *x)
 
 /* ---- the plan's tables ---------------------------------------------------------------------- */
 
-/* Does the plan keep allocation A on the device during launch I? */
+/* Does the plan keep allocation E on the device during launch I? */
 static bool present_at(const struct fs_plan_entry *e, int i)
 {
-    if (e->resident)
-        return true;
-    if (e->prefetch_at < 0)
-        return false;
-    if (e->prefetch_at <= e->evict_after)
-        return i >= e->prefetch_at && i <= e->evict_after;
-    return i >= e->prefetch_at || i <= e->evict_after;
+    return e->resident || (e->prefetch_at >= 0 && fs_window_covers(e->prefetch_at, e->evict_after,
+                                                                   i, i));
 }
 
 /* Where allocation E's prefetch (EVICT false) or eviction is planned, or -1. */
@@ -445,14 +440,9 @@ void fs_exec_launch_enter(struct fs_executor *x, struct fs_launch_ticket *t)
     t->pos = -1;
     if (!fs_exec_running(x))
         return;
-    /* A launch being captured into a graph does not run now, and nothing may synchronize or
-     * remap during a capture: no plan, and the mover pauses (it checks this stream too). */
-    bool capturing = false;
-    if (fs_dev_call(x->res->dev, stream_capturing, t->stream, &capturing) != FS_OK)
-        capturing = true;
+    /* Nothing may synchronize or remap during a graph capture: the mover asks whether this
+     * stream captures before each move (once per move, not on every launch). */
     __atomic_store_n(&x->last_stream, (void *)t->stream, __ATOMIC_RELEASE);
-    if (capturing)
-        return;
     pthread_mutex_lock(&x->lock);
     if (!fs_exec_running(x))
         goto out;

@@ -354,8 +354,7 @@ static int time_copy(struct fs_device *dev, fs_stream s, fs_event e0, fs_event e
             return rc;
         t[i] = ms * 1000.0;
     }
-    qsort(t, 3, sizeof(double), cmp_double);
-    *us = t[1];
+    *us = median(t, 3);
     return FS_OK;
 }
 

@@ -58,6 +58,9 @@ int fs_schedule(const struct fs_profile *p, uint64_t budget, const bool *residen
 int fs_schedule_plan(const struct fs_profile *p, const bool *resident, int lookahead,
                      struct fs_plan *plan, uint64_t *need);
 
+/* Does the cyclic window [PF, EV] of a plan entry contain the launches [F, L] as one piece? */
+bool fs_window_covers(int pf, int ev, int f, int l);
+
 /* Does allocation A appear in some launch? */
 static inline bool fs_alloc_used(const struct fs_profile *p, int a)
 {

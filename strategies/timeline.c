@@ -95,8 +95,7 @@ int fs_profile_check(const struct fs_profile *p)
     return FS_OK;
 }
 
-/* Does the window [pf, ev] (cyclic) contain the use range [f, l] as one piece? */
-static bool window_covers(int pf, int ev, int f, int l)
+bool fs_window_covers(int pf, int ev, int f, int l)
 {
     if (pf <= ev)
         return pf <= f && l <= ev;
@@ -172,7 +171,7 @@ static int evaluate(const struct fs_profile *p, struct fs_plan *plan, double *st
         }
         int pa = e->prefetch_at, ev = e->evict_after;
         if (pa < 0 || pa >= n || ev < 0 || ev >= n ||
-            !window_covers(pa, ev, al->first_use, al->last_use)) {
+            !fs_window_covers(pa, ev, al->first_use, al->last_use)) {
             rc = FS_ERR_INVALID;
             goto out;
         }
