@@ -21,7 +21,8 @@ endif
 
 CORE_SRC  := $(sort $(wildcard core/*.c) $(wildcard strategies/*.c))
 SHIM_SRC  := $(sort $(wildcard shim/*.c))
-CORE_OBJ  := $(CORE_SRC:%.c=$(BUILD)/%.o)
+CORE_OBJ  := $(CORE_SRC:%.c=$(BUILD)/%.o) $(BUILD)/core/fingerprint_ptx.o
+NVCC      ?= $(CUDA_HOME)/bin/nvcc
 SHIM_OBJ  := $(SHIM_SRC:%.c=$(BUILD)/%.o)
 TOOL_OBJ  := $(BUILD)/tools/flexshim-profile.o $(BUILD)/tools/record.o
 
@@ -46,6 +47,26 @@ all: $(LIB) $(TOOL) $(SIMDEMO)
 
 $(BUILD)/%.o: %.c $(wildcard core/*.h shim/*.h strategies/*.h tools/*.h)
 	@mkdir -p $(@D)
+	$(CC) $(CFLAGS) -c $< -o $@
+
+# The fingerprint kernel (core/fingerprint.cu) as PTX in a C string; the driver compiles it for the
+# GPU at run time. Without nvcc the string is empty and every eviction writes back (slower, same
+# results).
+$(BUILD)/core/fingerprint_ptx.c: core/fingerprint.cu
+	@mkdir -p $(@D)
+	@if [ -x "$(NVCC)" ]; then \
+	    $(NVCC) -ptx -arch=compute_75 $< -o $(@D)/fingerprint.ptx && \
+	    { echo '/* Generated from core/fingerprint.cu by the Makefile. */'; \
+	      echo 'extern const char fs_fingerprint_ptx[];'; \
+	      echo 'const char fs_fingerprint_ptx[] ='; \
+	      sed -e 's/\\/\\\\/g' -e 's/"/\\"/g' -e 's/^/    "/' -e 's/$$/\\n"/' $(@D)/fingerprint.ptx; \
+	      echo '    "";'; } > $@; \
+	else \
+	    echo "warning: $(NVCC) not found: built without the fingerprint kernel (evictions always write back)"; \
+	    printf 'extern const char fs_fingerprint_ptx[];\nconst char fs_fingerprint_ptx[] = "";\n' > $@; \
+	fi
+
+$(BUILD)/core/fingerprint_ptx.o: $(BUILD)/core/fingerprint_ptx.c
 	$(CC) $(CFLAGS) -c $< -o $@
 
 $(CORE_A): $(CORE_OBJ)

@@ -26,7 +26,9 @@
     X(cuEventSynchronize) X(cuEventElapsedTime) \
     X(cuPointerGetAttribute) X(cuPointerGetAttributes) \
     X(cuFuncGetParamInfo) X(cuKernelGetParamInfo) X(cuFuncGetName) X(cuKernelGetName) \
-    X(cuMemcpyHtoD) X(cuMemcpyDtoH) X(cuMemsetD32)
+    X(cuMemcpyHtoD) X(cuMemcpyDtoH) X(cuMemsetD32) \
+    X(cuModuleLoadData) X(cuModuleGetFunction) X(cuModuleUnload) X(cuLaunchKernel) \
+    X(cuMemHostAlloc) X(cuMemFreeHost) X(cuMemHostGetDevicePointer)
 
 #define FS_CUPTI_FUNCS(X) \
     X(cuptiSubscribe_v2) X(cuptiUnsubscribe) X(cuptiEnableCallback) X(cuptiEnableDomain) \

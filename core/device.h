@@ -70,6 +70,15 @@ struct fs_device_ops {
     int (*copy_async)(struct fs_device *dev, fs_dptr dst, fs_dptr src, uint64_t size,
                       fs_stream stream);
 
+    /* Queue a fingerprint (core/fingerprint.h) of SIZE bytes at VA (a multiple of 16) on STREAM:
+     * when the stream passes this point, PARTS (FS_FP_PARTS_BYTES from host_alloc) holds the
+     * partial pairs for fs_fp_combine. FS_ERR_UNSUPPORTED when this build or device cannot. */
+    int (*fingerprint)(struct fs_device *dev, fs_dptr va, uint64_t size, fs_stream stream,
+                       uint64_t *parts);
+    /* Pinned host memory the device can write (fingerprint results), and its release. */
+    int (*host_alloc)(struct fs_device *dev, uint64_t size, void **out);
+    int (*host_free)(struct fs_device *dev, void *ptr);
+
     /* TIMING: the event can be used with event_elapsed_ms (costs a little more to record). */
     int (*event_create)(struct fs_device *dev, bool timing, fs_event *out);
     int (*event_destroy)(struct fs_device *dev, fs_event event);

@@ -39,6 +39,7 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "fingerprint.h"
 #include "log.h"
 
 #define SIM_VA_BASE 0x7f0000000000ull
@@ -101,6 +102,7 @@ struct sim_op {
     uint64_t len[FS_SIM_MAX_KERNEL_PTRS];
     fs_sim_kernel_fn fn;
     void *ctx;
+    uint64_t *fp_parts; /* a fingerprint (va[0], len[0]) goes here */
 };
 
 struct sim {
@@ -335,6 +337,13 @@ static void exec_kernel(struct sim *s, const struct sim_op *op)
             illegal_access(s, "kernel touches unmapped memory (or more than one mapping)");
             return;
         }
+    }
+    if (op->fp_parts) {
+        s->st.fingerprints++;
+        /* Timing only: no data, so the parts keep what they held (every range looks unchanged). */
+        if (!s->cfg.timing_only)
+            fs_fp_host(ptrs[0], op->len[0], op->fp_parts);
+        return;
     }
     s->st.kernels++;
     if (op->fn && !s->cfg.timing_only)
@@ -803,6 +812,52 @@ static int sim_copy_async(struct fs_device *dev, fs_dptr dst, fs_dptr src, uint6
     return sim_end(s, rc);
 }
 
+static int sim_fingerprint(struct fs_device *dev, fs_dptr va, uint64_t size, fs_stream stream,
+                           uint64_t *parts)
+{
+    struct sim *s = sim_of(dev);
+    if (!s)
+        return FS_ERR_INVALID;
+    int rc = sim_begin(s, FS_SIM_OP_FINGERPRINT);
+    if (rc == FS_OK) {
+        struct fs_stream_ *st = stream_of(s, stream);
+        struct sim_op *op = NULL;
+        if (!st || !parts || size == 0 || size % 16 != 0 || !range_ok(va, size))
+            rc = FS_ERR_INVALID;
+        else if (!(op = calloc(1, sizeof(*op))))
+            rc = FS_ERR_NOMEM;
+        if (op) {
+            op->kind = OPK_KERNEL;
+            op->nranges = 1;
+            op->va[0] = va;
+            op->len[0] = size;
+            op->fp_parts = parts;
+            /* Reads the range once at device-memory speed, beside the program's kernels. */
+            uint64_t dur = (uint64_t)((double)size * 1e9 / s->cfg.d2d_bytes_per_s + 0.5);
+            rc = enqueue(s, op, st, ENG_D2D, dur);
+        }
+    }
+    return sim_end(s, rc);
+}
+
+static int sim_host_alloc(struct fs_device *dev, uint64_t size, void **out)
+{
+    if (!sim_of(dev) || !out || size == 0)
+        return FS_ERR_INVALID;
+    void *p = calloc(1, size);
+    if (!p)
+        return FS_ERR_NOMEM;
+    *out = p;
+    return FS_OK;
+}
+
+static int sim_host_free(struct fs_device *dev, void *ptr)
+{
+    (void)dev;
+    free(ptr);
+    return FS_OK;
+}
+
 static int sim_event_create(struct fs_device *dev, bool timing, fs_event *out)
 {
     struct sim *s = sim_of(dev);
@@ -1082,6 +1137,9 @@ static const struct fs_device_ops sim_ops = {
     .stream_destroy = sim_stream_destroy,
     .stream_sync = sim_stream_sync,
     .copy_async = sim_copy_async,
+    .fingerprint = sim_fingerprint,
+    .host_alloc = sim_host_alloc,
+    .host_free = sim_host_free,
     .event_create = sim_event_create,
     .event_destroy = sim_event_destroy,
     .event_record = sim_event_record,

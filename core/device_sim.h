@@ -45,6 +45,7 @@ enum fs_sim_op {
     FS_SIM_OP_EVENT_SYNC,
     FS_SIM_OP_STREAM_WAIT,
     FS_SIM_OP_SYNC,
+    FS_SIM_OP_FINGERPRINT,
     FS_SIM_OP_COUNT
 };
 
@@ -71,6 +72,7 @@ struct fs_sim_stats {
     uint64_t host_bytes_in_use;
     uint64_t peak_device_bytes;
     uint64_t maps, unmaps, copies, kernels;
+    uint64_t fingerprints; /* fingerprint ops executed */
     uint64_t bytes_h2d, bytes_d2h, bytes_d2d;
     uint64_t illegal_accesses;
     uint64_t unsafe_unmaps;

@@ -274,6 +274,7 @@ static int start_locked(void)
         .va_space_bytes = VA_SPACE_BYTES,
         .background_pinning = fs_config_u64(cfg, FS_P_PIN_MODE) == 0,
         .strict_remap = fs_config_u64(cfg, FS_P_REMAP_SAFETY) == 0,
+        .fingerprint = fs_config_u64(cfg, FS_P_WRITEBACK) == 0,
     };
     rc = fs_res_init(&eng.res, eng.dev, &rcfg);
     if (rc != FS_OK) {
@@ -504,6 +505,9 @@ void fs_engine_shutdown(void)
             (unsigned long long)s.res.faulted_bytes, (unsigned long long)s.res.placed_on_host,
             (unsigned long long)s.res.host_served, (unsigned long long)s.res.quiesce_syncs,
             (unsigned long long)s.res.failures);
+    FS_INFO("write-back: %llu evictions skipped it (fingerprint unchanged, %llu bytes); %llu "
+            "fingerprints taken", (unsigned long long)s.res.clean_evictions,
+            (unsigned long long)s.res.clean_bytes, (unsigned long long)s.res.fingerprints);
     FS_INFO("launches: %llu seen, %llu referencing managed memory, %llu unknown (parameters "
             "unreadable), %llu layout queries",
             (unsigned long long)s.launch.launches, (unsigned long long)s.launch.with_refs,

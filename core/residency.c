@@ -87,6 +87,7 @@ static struct fs_alloc *find_by_id(struct fs_residency *res, uint64_t id)
 static void attach_host(struct fs_residency *res, struct fs_alloc *a, struct fs_block *b)
 {
     a->host = b;
+    a->fp_valid = false; /* a block new to A holds nothing of it */
     res->host_backed_bytes += b->size;
 }
 
@@ -155,6 +156,11 @@ int fs_res_init(struct fs_residency *res, struct fs_device *dev, const struct fs
     pthread_cond_init(&res->moved, NULL);
     pthread_cond_init(&res->pinner_wake, NULL);
     res->epoch = res->synced_epoch = 1;
+    if (cfg->fingerprint && fs_dev_call(dev, host_alloc, FS_FP_PARTS_BYTES,
+                                        (void **)&res->fp_parts) != FS_OK) {
+        res->fp_parts = NULL;
+        FS_INFO("no host memory for fingerprints: every eviction copies its data back to host");
+    }
     if (cfg->background_pinning) {
         if (pthread_create(&res->pinner, NULL, pinner_main, res) == 0)
             res->pinner_started = true;
@@ -207,6 +213,7 @@ void fs_res_destroy(struct fs_residency *res)
     events_destroy(res);
     fs_dev_call(res->dev, stream_destroy, res->h2d);
     fs_dev_call(res->dev, stream_destroy, res->d2h);
+    fs_dev_call(res->dev, host_free, res->fp_parts);
     fs_phys_pool_destroy(&res->host_pool);
     fs_phys_pool_destroy(&res->dev_pool);
     fs_va_space_destroy(&res->vs);
@@ -291,6 +298,58 @@ static int remap(struct fs_residency *res, struct fs_alloc *a, struct fs_block *
     return rc;
 }
 
+/* ---- fingerprints and write-back ------------------------------------------------------------ */
+
+/* The fingerprint of SIZE bytes at VA, queued on STREAM and waited for (the stream's earlier work
+ * too). FS_ERR_UNSUPPORTED when fingerprints are off or the device cannot take them. Lock held:
+ * one result buffer. */
+static int fp_take(struct fs_residency *res, fs_dptr va, uint64_t size, fs_stream stream,
+                   struct fs_fp *out)
+{
+    if (!res->fp_parts)
+        return FS_ERR_UNSUPPORTED;
+    int rc = fs_dev_call(res->dev, fingerprint, va, size, stream, res->fp_parts);
+    if (rc == FS_ERR_UNSUPPORTED) {
+        fs_dev_call(res->dev, host_free, res->fp_parts);
+        res->fp_parts = NULL; /* say it once (the device did), then stop asking */
+        return rc;
+    }
+    if (rc == FS_OK)
+        rc = fs_dev_call(res->dev, stream_sync, stream);
+    if (rc != FS_OK)
+        return rc;
+    STAT(res, fingerprints, 1);
+    *out = fs_fp_combine(res->fp_parts);
+    return FS_OK;
+}
+
+/* Make A's host block hold A's bytes, with its write-back finished: skipped when the device
+ * bytes' fingerprint equals the one of the host copy (invariant 3's check), else copied, and the
+ * fingerprint then describes the new host copy. The range is quiet. Lock held. */
+static int write_back(struct fs_residency *res, struct fs_alloc *a)
+{
+    struct fs_fp now;
+    bool known = a->fp_valid && fp_take(res, a->va, a->mapped, res->d2h, &now) == FS_OK;
+    if (known && fs_fp_equal(now, a->fp)) {
+        STAT(res, clean_evictions, 1);
+        STAT(res, clean_bytes, a->mapped);
+        return FS_OK;
+    }
+    a->fp_valid = false;
+    int rc = fs_block_copy(res->dev, a->host, a->va, a->mapped, true, res->d2h);
+    if (rc != FS_OK)
+        return rc;
+    /* Not known yet: fingerprint what was just copied (it waits for the copy too). */
+    if (!known)
+        known = fp_take(res, a->va, a->mapped, res->d2h, &now) == FS_OK;
+    rc = fs_dev_call(res->dev, stream_sync, res->d2h);
+    if (rc == FS_OK && known) {
+        a->fp = now;
+        a->fp_valid = true;
+    }
+    return rc;
+}
+
 /* ---- eviction and fault-in (lock held) ------------------------------------------------------ */
 
 static int evict_locked(struct fs_residency *res, struct fs_alloc *a)
@@ -309,9 +368,7 @@ static int evict_locked(struct fs_residency *res, struct fs_alloc *a)
     }
     rc = quiesce_begin(res, a);
     if (rc == FS_OK)
-        rc = fs_block_copy(res->dev, a->host, a->va, a->mapped, true, res->d2h);
-    if (rc == FS_OK)
-        rc = fs_dev_call(res->dev, stream_sync, res->d2h);
+        rc = write_back(res, a);
     if (rc == FS_OK)
         rc = remap(res, a, a->dev, a->host);
     quiesce_end(res);
@@ -404,8 +461,16 @@ static int fault_in_locked(struct fs_residency *res, struct fs_alloc *a,
     rc = quiesce_begin(res, a);
     if (rc == FS_OK)
         rc = fs_block_copy(res->dev, a->dev, a->va, a->mapped, true, res->h2d);
-    if (rc == FS_OK)
+    /* Host and device copies now agree: their fingerprint lets the next eviction skip the
+     * write-back if nothing changes A meanwhile (fp_take waits for the copy too). */
+    struct fs_fp fp;
+    a->fp_valid = false;
+    if (rc == FS_OK && fp_take(res, a->dev->copy_va, a->mapped, res->h2d, &fp) == FS_OK) {
+        a->fp = fp;
+        a->fp_valid = true;
+    } else if (rc == FS_OK) {
         rc = fs_dev_call(res->dev, stream_sync, res->h2d);
+    }
     if (rc == FS_OK)
         rc = remap(res, a, a->host, a->dev);
     quiesce_end(res);

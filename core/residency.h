@@ -18,7 +18,9 @@
  *     completed synchronize's is done. Launches whose parameters could not be read hold
  *     nothing, so they pass the strict gate in this mode too: a remap waits for those being
  *     queued and keeps new ones out until it is done.
- * Eviction always writes the device bytes back to host (invariant 3: no unchecked shortcut).
+ * Eviction writes the device bytes back to host unless their fingerprint (fingerprint.h) equals
+ * the one taken when host and device copies last agreed (after a fault-in or a write-back): the
+ * check invariant 3 asks of the shortcut. WRITEBACK=always turns the shortcut off.
  *
  * All state changes happen under one mutex; the launch hot path (launch.c) only reads atomics. */
 #ifndef FS_RESIDENCY_H
@@ -29,6 +31,7 @@
 #include <stdint.h>
 
 #include "device.h"
+#include "fingerprint.h"
 #include "phys_pool.h"
 #include "va_space.h"
 
@@ -61,6 +64,8 @@ struct fs_alloc {
     struct fs_shared_event *last_use; /* swapped atomically by launch exits */
     uint64_t event_tick;    /* the launch tick last_use covers; < last_tick: not covered */
     int index;              /* in fs_residency.allocs */
+    struct fs_fp fp;        /* fingerprint of the host copy, when fp_valid */
+    bool fp_valid;          /* host block and device copy agreed when fp was taken */
 };
 
 struct fs_res_stats {
@@ -74,6 +79,8 @@ struct fs_res_stats {
     uint64_t placed_on_host;          /* allocations that did not fit and started on host */
     uint64_t host_served;             /* references left on host (no room, capture) */
     uint64_t quiesce_syncs;           /* full synchronizes forced by the quiet-range rule */
+    uint64_t clean_evictions, clean_bytes; /* evictions whose write-back the fingerprint skipped */
+    uint64_t fingerprints;            /* fingerprints taken */
     uint64_t failures;                /* internal failures that fell back (logged) */
 };
 
@@ -96,6 +103,7 @@ struct fs_residency {
     int gate;               /* strict: remaps waiting or running, atomic */
     int launches_inflight;  /* strict: launches between enter and exit, atomic */
     int pressure;           /* record last-use events (atomic); set at the first eviction */
+    uint64_t *fp_parts;     /* fingerprint results (device-writable host memory); NULL: off */
     pthread_mutex_t ev_lock; /* guards free_events only */
     struct fs_shared_event *free_events;
     struct fs_res_stats stats;
@@ -111,6 +119,7 @@ struct fs_res_config {
     uint64_t va_space_bytes; /* managed address range to reserve */
     bool background_pinning;
     bool strict_remap;       /* REMAP_SAFETY=strict */
+    bool fingerprint;        /* WRITEBACK=fingerprint: skip the write-back of unchanged data */
 };
 
 int fs_res_init(struct fs_residency *res, struct fs_device *dev, const struct fs_res_config *cfg);

@@ -5,6 +5,7 @@
 #include <pthread.h>
 
 #include "device_sim.h"
+#include "fingerprint.h"
 #include "fs.h"
 #include "test_util.h"
 
@@ -1288,6 +1289,11 @@ static int workload(struct fs_device *d)
         fill(d, vd, G, 0xee);
     if (s && md && mh)
         copied = track(fs_dev_call(d, copy_async, vh, vd, G, s), &n) == FS_OK;
+    uint64_t *parts = NULL;
+    bool fingerprinted = false;
+    assert_int_equal(fs_dev_call(d, host_alloc, FS_FP_PARTS_BYTES, (void **)&parts), FS_OK);
+    if (s && md)
+        fingerprinted = track(fs_dev_call(d, fingerprint, vd, G, s, parts), &n) == FS_OK;
     if (s && e) {
         track(fs_dev_call(d, event_record, e, s), &n);
         track(fs_dev_call(d, stream_wait_event, s, e), &n);
@@ -1302,6 +1308,18 @@ static int workload(struct fs_device *d)
     assert_int_equal(rc, FS_OK);
     if (mh) /* a failed copy did nothing */
         assert_true(all_eq(d, vh, G, copied ? 0xee : 0));
+    if (fingerprinted) { /* the fingerprint of G bytes of 0xee, as the host computes it */
+        unsigned char *ref = malloc(G);
+        uint64_t *want = malloc(FS_FP_PARTS_BYTES);
+        assert_non_null(ref);
+        assert_non_null(want);
+        memset(ref, 0xee, G);
+        fs_fp_host(ref, G, want);
+        assert_true(fs_fp_equal(fs_fp_combine(parts), fs_fp_combine(want)));
+        free(ref);
+        free(want);
+    }
+    assert_int_equal(fs_dev_call(d, host_free, parts), FS_OK);
 
     if (md)
         while ((rc = track(fs_dev_call(d, unmap, vd, G), &n)) == INJ)

@@ -22,17 +22,25 @@ struct env {
 static const int kernel_token;
 #define KERNEL ((const void *)&kernel_token)
 
-static void env_open(struct env *e, uint64_t budget, bool strict)
+static void env_open_fp(struct env *e, uint64_t budget, bool strict, bool fingerprint)
 {
     struct fs_sim_config cfg = {.device_bytes = 4096 * MIB, .host_phys_supported = true};
     assert_int_equal(fs_sim_open(&cfg, &e->dev), FS_OK);
-    struct fs_res_config rc = {
-        .budget = budget, .va_space_bytes = 64ull << 30, .strict_remap = strict};
+    struct fs_res_config rc = {.budget = budget,
+                               .va_space_bytes = 64ull << 30,
+                               .strict_remap = strict,
+                               .fingerprint = fingerprint};
     assert_int_equal(fs_res_init(&e->res, e->dev, &rc), FS_OK);
     assert_int_equal(fs_launch_init(e->dev), FS_OK);
     assert_int_equal(fs_sim_stream_create(e->dev, &e->stream), FS_OK);
     uint32_t offsets[4] = {0, 8, 16, 24}, sizes[4] = {8, 8, 8, 8};
     assert_int_equal(fs_sim_register_kernel(e->dev, KERNEL, offsets, sizes, 4), FS_OK);
+}
+
+/* Every test runs with fingerprints on, as the engine does by default (WRITEBACK). */
+static void env_open(struct env *e, uint64_t budget, bool strict)
+{
+    env_open_fp(e, budget, strict, true);
 }
 
 static void env_close(struct env *e)
@@ -482,6 +490,90 @@ static void test_evict_and_make_resident(void **state)
     env_close(&e);
 }
 
+/* Write-back is skipped only for data proven unchanged: evicting data that nothing touched since
+ * the fault-in copies nothing back; a kernel's change, a host write through the VA or a single
+ * changed word anywhere makes the next eviction copy, and the data read afterwards is the new one.
+ * With fingerprints off every eviction copies. */
+static void clean_eviction_case(bool fingerprint)
+{
+    struct env e;
+    env_open_fp(&e, 64 * MIB, false, fingerprint);
+    fs_dptr v;
+    const uint64_t size = 16 * MIB;
+    assert_int_equal(fs_res_alloc(&e.res, size, &v), FS_OK);
+    fill(&e, v, size, 5);
+    uint64_t id = fs_res_lookup(&e.res, v)->id;
+    struct fs_res_stats s0, s1;
+    struct fs_sim_stats st0, st1;
+
+    /* First eviction: no fingerprint yet, so the data is copied (and fingerprinted). */
+    assert_int_equal(fs_res_evict_id(&e.res, id), FS_OK);
+    assert_int_equal(fs_res_prefetch_id(&e.res, id), FS_OK);
+    fs_res_get_stats(&e.res, &s0);
+    fs_sim_get_stats(e.dev, &st0);
+    /* Unchanged since the prefetch: nothing goes back over the link. */
+    assert_int_equal(fs_res_evict_id(&e.res, id), FS_OK);
+    fs_res_get_stats(&e.res, &s1);
+    fs_sim_get_stats(e.dev, &st1);
+    assert_int_equal(s1.clean_evictions - s0.clean_evictions, fingerprint ? 1 : 0);
+    assert_int_equal(st1.bytes_d2h - st0.bytes_d2h, fingerprint ? 0 : size);
+    check(&e, v, size, 5, 0);
+
+    /* A kernel changes it on the device: the eviction must copy. */
+    assert_int_equal(fs_res_prefetch_id(&e.res, id), FS_OK);
+    struct kctx k = {.words = (uint32_t)(size / 4)};
+    uint64_t sz = size;
+    launch(&e, &v, &sz, 1, 1000, add_one, &k);
+    assert_int_equal(fs_dev_call(e.dev, ctx_sync), FS_OK);
+    fs_sim_get_stats(e.dev, &st0);
+    assert_int_equal(fs_res_evict_id(&e.res, id), FS_OK);
+    fs_sim_get_stats(e.dev, &st1);
+    assert_int_equal(st1.bytes_d2h - st0.bytes_d2h, size);
+    check(&e, v, size, 5, 1);
+
+    /* One word changed, in the middle and at the very end: copied, new value kept. */
+    for (int round = 0; round < 2; round++) {
+        assert_int_equal(fs_res_prefetch_id(&e.res, id), FS_OK);
+        uint64_t off = round == 0 ? size / 2 : size - 8;
+        uint64_t word;
+        assert_int_equal(fs_sim_read(e.dev, &word, v + off, 8), FS_OK);
+        word ^= 1ull << (round * 63);
+        assert_int_equal(fs_sim_write(e.dev, v + off, &word, 8), FS_OK);
+        fs_sim_get_stats(e.dev, &st0);
+        assert_int_equal(fs_res_evict_id(&e.res, id), FS_OK);
+        fs_sim_get_stats(e.dev, &st1);
+        assert_int_equal(st1.bytes_d2h - st0.bytes_d2h, size);
+        uint64_t back;
+        assert_int_equal(fs_sim_read(e.dev, &back, v + off, 8), FS_OK);
+        assert_int_equal(back, word);
+    }
+
+    /* Written while on host (a host-served use): the fault-in fingerprints the new host copy, so
+     * the unchanged data that follows is clean again and what is read back is the new data. */
+    fill(&e, v, size, 6);
+    assert_int_equal(fs_res_prefetch_id(&e.res, id), FS_OK);
+    fs_res_get_stats(&e.res, &s0);
+    assert_int_equal(fs_res_evict_id(&e.res, id), FS_OK);
+    fs_res_get_stats(&e.res, &s1);
+    assert_int_equal(s1.clean_evictions - s0.clean_evictions, fingerprint ? 1 : 0);
+    check(&e, v, size, 6, 0);
+    assert_int_equal(s1.fingerprints > 0, fingerprint);
+    assert_int_equal(fs_res_free(&e.res, v), FS_OK);
+    env_close(&e);
+}
+
+static void test_clean_eviction_skips_write_back(void **state)
+{
+    (void)state;
+    clean_eviction_case(true);
+}
+
+static void test_write_back_always_without_fingerprints(void **state)
+{
+    (void)state;
+    clean_eviction_case(false);
+}
+
 /* Each kernel adds 1 to the first word of each allocation it references, and checks that the
  * allocation's second word (its identity) is intact. */
 struct count_ctx {
@@ -598,6 +690,8 @@ int main(void)
         cmocka_unit_test(test_threads_under_pressure),
         cmocka_unit_test(test_free_returns_memory_and_rejects_interior),
         cmocka_unit_test(test_evict_and_make_resident),
+        cmocka_unit_test(test_clean_eviction_skips_write_back),
+        cmocka_unit_test(test_write_back_always_without_fingerprints),
         cmocka_unit_test(test_stress_strict),
         cmocka_unit_test(test_stress_tracked),
     };
