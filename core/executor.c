@@ -12,40 +12,113 @@
 
 /* ---- the mover ------------------------------------------------------------------------------ */
 
+/* Is the program capturing a graph on its latest stream? Then nothing may synchronize or remap. */
+static bool capture_in_progress(struct fs_executor *x)
+{
+    bool capturing = false;
+    fs_stream st = __atomic_load_n(&x->last_stream, __ATOMIC_ACQUIRE);
+    return fs_dev_call(x->res->dev, stream_capturing, st, &capturing) != FS_OK || capturing;
+}
+
+/* A job is over (lock held): a launch waiting for this prefetch may go on. */
+static void job_done(struct fs_executor *x, const struct fs_exec_job *job, int rc)
+{
+    if (!job->evict && job->id < (uint64_t)x->prof.nallocs && x->pending[job->id] > 0)
+        x->pending[job->id]--;
+    pthread_cond_broadcast(&x->done);
+    if (rc == FS_ERR_NOT_READY)
+        x->stats.evict_busy++;
+    else if (rc != FS_OK && rc != FS_ERR_NOT_FOUND && rc != FS_RES_NOTHING)
+        x->stats.move_failures++;
+}
+
+/* Start the jobs at the head of the queue while slots are free (lock held; dropped around device
+ * work). Stops at a prefetch that must wait for the room of evictions in flight. */
+static void start_jobs(struct fs_executor *x)
+{
+    while (!x->stop && x->q_len > 0 && x->inflight < x->nslots) {
+        struct fs_exec_job job = x->q[x->q_head];
+        struct fs_exec_slot *slot = NULL;
+        for (int i = 0; i < x->nslots && !slot; i++)
+            if (!x->slots[i].busy)
+                slot = &x->slots[i];
+        pthread_mutex_unlock(&x->lock);
+        int rc = capture_in_progress(x) ? FS_ERR_NOT_READY
+                                        : fs_res_move_begin(x->res, job.id, job.evict, &slot->m);
+        pthread_mutex_lock(&x->lock);
+        if (rc == FS_ERR_NOT_READY && x->inflight > 0)
+            return; /* retried once moves in flight have ended */
+        x->q_head = (x->q_head + 1) % x->q_cap;
+        x->q_len--;
+        if (rc == FS_OK) {
+            slot->job = job;
+            slot->busy = true;
+            x->inflight++;
+            x->stats.overlapped++;
+            if ((uint64_t)x->inflight > x->stats.max_inflight)
+                x->stats.max_inflight = (uint64_t)x->inflight;
+            continue;
+        }
+        if (rc == FS_ERR_UNSUPPORTED || (rc == FS_ERR_NOT_READY && !job.evict)) {
+            /* Strict mode, unknown launches, or a prefetch of an allocation being moved by the
+             * program's thread: the synchronous move (it waits as it must). */
+            pthread_mutex_unlock(&x->lock);
+            rc = capture_in_progress(x) ? FS_ERR_NOT_READY
+                 : job.evict            ? fs_res_evict_id(x->res, job.id)
+                                        : fs_res_prefetch_id(x->res, job.id);
+            pthread_mutex_lock(&x->lock);
+        }
+        job_done(x, &job, rc);
+    }
+}
+
+/* End the moves in flight that are done; with WAIT, at least one (lock not held). */
+static int end_moves(struct fs_executor *x, bool wait, struct fs_exec_job *ended, int *rcs)
+{
+    int n = 0;
+    for (int i = 0; i < x->nslots; i++) {
+        struct fs_exec_slot *slot = &x->slots[i];
+        if (!slot->busy)
+            continue;
+        int rc = fs_res_move_end(x->res, &slot->m, wait && n == 0);
+        if (rc == FS_ERR_NOT_READY)
+            continue;
+        slot->busy = false;
+        ended[n] = slot->job;
+        rcs[n++] = rc;
+    }
+    return n;
+}
+
 static void *mover_main(void *arg)
 {
     struct fs_executor *x = arg;
     fs_thread_internal = true;
     fs_dev_call(x->res->dev, bind_thread);
+    struct fs_exec_job ended[FS_EXEC_MOVES_INFLIGHT];
+    int rcs[FS_EXEC_MOVES_INFLIGHT];
     pthread_mutex_lock(&x->lock);
     for (;;) {
-        while (!x->stop && x->q_len == 0) {
+        while (!x->stop && x->q_len == 0 && x->inflight == 0) {
             x->busy = false;
             pthread_cond_broadcast(&x->done);
             pthread_cond_wait(&x->wake, &x->lock);
         }
-        if (x->stop)
-            break;
-        struct fs_exec_job job = x->q[x->q_head];
-        x->q_head = (x->q_head + 1) % x->q_cap;
-        x->q_len--;
         x->busy = true;
+        start_jobs(x);
+        if (x->inflight == 0) {
+            if (x->stop)
+                break;
+            continue;
+        }
+        /* Nothing more can start now: wait for a move to end (a job queued meanwhile starts
+         * after it, a few milliseconds at most). */
         pthread_mutex_unlock(&x->lock);
-        bool capturing = false;
-        fs_stream st = __atomic_load_n(&x->last_stream, __ATOMIC_ACQUIRE);
-        if (fs_dev_call(x->res->dev, stream_capturing, st, &capturing) != FS_OK)
-            capturing = true;
-        int rc = capturing ? FS_ERR_NOT_READY
-                 : job.evict ? fs_res_evict_id(x->res, job.id)
-                             : fs_res_prefetch_id(x->res, job.id);
+        int n = end_moves(x, true, ended, rcs);
         pthread_mutex_lock(&x->lock);
-        if (!job.evict && job.id < (uint64_t)x->prof.nallocs && x->pending[job.id] > 0)
-            x->pending[job.id]--;
-        pthread_cond_broadcast(&x->done);
-        if (rc == FS_ERR_NOT_READY)
-            x->stats.evict_busy++;
-        else if (rc != FS_OK && rc != FS_ERR_NOT_FOUND)
-            x->stats.move_failures++;
+        x->inflight -= n;
+        for (int i = 0; i < n; i++)
+            job_done(x, &ended[i], rcs[i]);
     }
     x->busy = false;
     pthread_cond_broadcast(&x->done);
@@ -71,14 +144,43 @@ static void queue_move(struct fs_executor *x, uint64_t id, bool evict)
     pthread_cond_signal(&x->wake);
 }
 
+/* Each slot's event and fingerprint buffer; without them moves run one at a time. */
+static void slots_init(struct fs_executor *x)
+{
+    struct fs_device *dev = x->res->dev;
+    for (x->nslots = 0; x->nslots < FS_EXEC_MOVES_INFLIGHT; x->nslots++) {
+        struct fs_res_move *m = &x->slots[x->nslots].m;
+        if (fs_dev_call(dev, event_create, false, &m->ev) != FS_OK)
+            break;
+        if (fs_dev_call(dev, host_alloc, FS_FP_PARTS_BYTES, (void **)&m->parts) != FS_OK) {
+            fs_dev_call(dev, event_destroy, m->ev);
+            break;
+        }
+    }
+    if (x->nslots < FS_EXEC_MOVES_INFLIGHT)
+        FS_INFO("plan executor: %d of %d overlapping moves could be set up", x->nslots,
+                FS_EXEC_MOVES_INFLIGHT);
+}
+
+static void slots_destroy(struct fs_executor *x)
+{
+    for (int i = 0; i < x->nslots; i++) {
+        fs_dev_call(x->res->dev, event_destroy, x->slots[i].m.ev);
+        fs_dev_call(x->res->dev, host_free, x->slots[i].m.parts);
+    }
+    x->nslots = 0;
+}
+
 int fs_exec_init(struct fs_executor *x, struct fs_residency *res)
 {
     memset(x, 0, sizeof(*x));
     x->res = res;
+    slots_init(x);
     pthread_mutex_init(&x->lock, NULL);
     pthread_cond_init(&x->wake, NULL);
     pthread_cond_init(&x->done, NULL);
     if (pthread_create(&x->mover, NULL, mover_main, x) != 0) {
+        slots_destroy(x);
         pthread_cond_destroy(&x->done);
         pthread_cond_destroy(&x->wake);
         pthread_mutex_destroy(&x->lock);
@@ -128,6 +230,7 @@ void fs_exec_destroy(struct fs_executor *x)
         return;
     fs_exec_shutdown(x);
     free_plan(x);
+    slots_destroy(x);
     pthread_cond_destroy(&x->done);
     pthread_cond_destroy(&x->wake);
     pthread_mutex_destroy(&x->lock);

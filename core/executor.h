@@ -9,8 +9,11 @@
  * executor gives up, so that the engine can discover and plan again.
  *
  * Running the plan: at the launch where an allocation's prefetch is planned, a prefetch is
- * queued; after the launch that ends its window, an eviction. A mover thread performs them in
- * order (eviction waits for the allocation's last use to complete, as residency.h requires), so
+ * queued; after the launch that ends its window, an eviction. A mover thread starts them in
+ * order, up to FS_EXEC_MOVES_INFLIGHT at once (residency.h's asynchronous moves: write-backs,
+ * prefetches and remaps overlap; an eviction's copy waits on the device for the allocation's last
+ * use, as residency.h requires; a prefetch that needs the room of evictions in flight waits for
+ * them), so
  * the program's thread never copies or remaps for a plan: when a launch finds a planned
  * allocation not on the device yet it waits for the mover's prefetch (counted as late; the
  * launch's own fault-in brings it only if that prefetch failed). The thread usually runs ahead of
@@ -37,6 +40,8 @@
 /* Launches of the plan a run may leave out, or add, at one point without losing its place (and
  * in one iteration, at most this many or an eighth of its launches, whichever is more). */
 #define FS_EXEC_SKIP_MAX 8
+/* Moves the mover keeps in flight (each has its own event and fingerprint buffer). */
+#define FS_EXEC_MOVES_INFLIGHT 8
 
 struct fs_exec_stats {
     uint64_t plans;            /* plans installed */
@@ -54,12 +59,21 @@ struct fs_exec_stats {
     uint64_t evict_busy;       /* evictions skipped: a launch held the allocation */
     uint64_t move_failures;    /* moves that failed (the residency engine said why) */
     uint64_t dropped;          /* moves not queued: queue full */
+    uint64_t overlapped;       /* moves run asynchronously (the others: one at a time) */
+    uint64_t max_inflight;     /* most moves in flight at once */
     uint64_t give_ups;
 };
 
 struct fs_exec_job {
     uint64_t id;
     bool evict;
+};
+
+/* A move in flight on the mover. */
+struct fs_exec_slot {
+    struct fs_exec_job job;
+    struct fs_res_move m;
+    bool busy;
 };
 
 struct fs_executor {
@@ -91,6 +105,9 @@ struct fs_executor {
     struct fs_exec_job *q;
     size_t q_cap, q_head, q_len;
     int *pending;            /* per profile allocation: its prefetches queued or running */
+    struct fs_exec_slot slots[FS_EXEC_MOVES_INFLIGHT];
+    int nslots;              /* slots with an event and a fingerprint buffer (0: one at a time) */
+    int inflight;            /* busy slots (mover thread only) */
     struct fs_exec_stats stats;
 };
 

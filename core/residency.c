@@ -248,9 +248,11 @@ static void end_move(struct fs_residency *res, struct fs_alloc *a, int state)
 
 /* Strict mode: stop new launches at the gate, let the ones being queued finish queuing, and wait
  * for all queued work, so nothing (not even a kernel holding A's address in device memory) can be
- * touching A during the remap. Tracked mode: wait only for what may reference A. Lock held, A
+ * touching A during the remap. Tracked mode: wait only for what may reference A; with ORDER_ON,
+ * when A's last use is one event, make that stream wait for it instead of the host (work queued
+ * there afterwards, and the remap once it completed, come after A's last use). Lock held, A
  * moving. Pair with quiesce_end. */
-static int quiesce_begin(struct fs_residency *res, struct fs_alloc *a)
+static int quiesce_on(struct fs_residency *res, struct fs_alloc *a, fs_stream order_on)
 {
     /* Close the gate and let the launches being queued finish queuing: every launch in strict
      * mode, the unknown ones (parameters unreadable, so they hold nothing) in tracked mode. */
@@ -263,7 +265,8 @@ static int quiesce_begin(struct fs_residency *res, struct fs_alloc *a)
             return FS_OK; /* untouched since a full synchronize */
         struct fs_shared_event *e = a->last_use;
         if (LOAD(&res->unknown_epoch) < synced && e && a->event_tick >= LOAD(&a->last_tick))
-            return fs_dev_call(res->dev, event_sync, e->ev);
+            return order_on ? fs_dev_call(res->dev, stream_wait_event, order_on, e->ev)
+                            : fs_dev_call(res->dev, event_sync, e->ev);
     }
     STAT(res, quiesce_syncs, 1);
     /* The new epoch starts before the synchronize: a launch stamped with an older one was
@@ -366,7 +369,7 @@ static int evict_locked(struct fs_residency *res, struct fs_alloc *a)
             goto fail;
         attach_host(res, a, b);
     }
-    rc = quiesce_begin(res, a);
+    rc = quiesce_on(res, a, NULL);
     if (rc == FS_OK)
         rc = write_back(res, a);
     if (rc == FS_OK)
@@ -458,7 +461,7 @@ static int fault_in_locked(struct fs_residency *res, struct fs_alloc *a,
     /* Launches reading A from host may still be queued: they must finish before the remap. */
     while ((rc = begin_move(a)) == FS_ERR_NOT_READY)
         sched_yield();
-    rc = quiesce_begin(res, a);
+    rc = quiesce_on(res, a, NULL);
     if (rc == FS_OK)
         rc = fs_block_copy(res->dev, a->dev, a->va, a->mapped, true, res->h2d);
     /* Host and device copies now agree: their fingerprint lets the next eviction skip the
@@ -725,6 +728,203 @@ void fs_res_launch_done(struct fs_residency *res, uint64_t tick, fs_stream strea
 }
 
 /* ---- planner entry points ------------------------------------------------------------------- */
+
+/* Queue EV after the moved data's fingerprint (into PARTS), if fingerprints are on. Lock held. */
+static void move_queue_fp(struct fs_residency *res, struct fs_res_move *m, fs_dptr va,
+                          fs_stream stream)
+{
+    m->fp_queued = res->fp_parts &&
+                   fs_dev_call(res->dev, fingerprint, va, m->a->mapped, stream, m->parts) == FS_OK;
+}
+
+/* Eviction: compare fingerprints first when the host copy has one, else copy right away. */
+static int move_begin_evict(struct fs_residency *res, struct fs_res_move *m)
+{
+    struct fs_alloc *a = m->a;
+    if (a->fp_valid && res->fp_parts &&
+        fs_dev_call(res->dev, fingerprint, a->va, a->mapped, res->d2h, m->parts) == FS_OK) {
+        m->comparing = true;
+        return FS_OK;
+    }
+    a->fp_valid = false;
+    int rc = fs_block_copy(res->dev, a->host, a->va, a->mapped, true, res->d2h);
+    if (rc == FS_OK)
+        move_queue_fp(res, m, a->va, res->d2h);
+    return rc;
+}
+
+int fs_res_move_begin(struct fs_residency *res, uint64_t id, bool evict, struct fs_res_move *m)
+{
+    if (res->strict || LOAD(&res->unknown_epoch) != 0)
+        return FS_ERR_UNSUPPORTED;
+    pthread_mutex_lock(&res->lock);
+    struct fs_alloc *a = find_by_id(res, id);
+    int rc = FS_OK;
+    if (!a) {
+        rc = FS_ERR_NOT_FOUND;
+    } else if (LOAD(&a->state) == FS_RES_MOVING) {
+        rc = FS_ERR_NOT_READY;
+    } else if (LOAD(&a->state) == (evict ? FS_RES_HOST : FS_RES_DEVICE)) {
+        rc = FS_RES_NOTHING;
+    }
+    if (rc != FS_OK)
+        goto out;
+    m->a = a;
+    m->evict = evict;
+    m->comparing = m->fp_queued = m->fp_known = false;
+    m->block = NULL;
+    m->t_begin_ns = fs_now_ns();
+    if (evict) {
+        if (!a->host) {
+            struct fs_block *b;
+            rc = fs_phys_pool_get(&res->host_pool, a->mapped, true, &b);
+            if (rc != FS_OK)
+                goto out;
+            attach_host(res, a, b);
+        }
+    } else {
+        bool grow = fs_phys_pool_has(&res->dev_pool, a->mapped) ? false : true;
+        if (grow && fs_phys_pool_held(&res->dev_pool) + a->mapped > res->budget) {
+            /* Room comes from evictions: those in flight first, else synchronous ones. */
+            if (res->evictions_inflight > 0) {
+                rc = FS_ERR_NOT_READY;
+                goto out;
+            }
+            rc = make_room(res, a->mapped, NULL, 0, &grow);
+            if (rc != FS_OK)
+                goto out;
+            if (LOAD(&a->state) != FS_RES_HOST) { /* moved while make_room waited */
+                rc = FS_ERR_NOT_READY;
+                goto out;
+            }
+        }
+        rc = fs_phys_pool_get(&res->dev_pool, a->mapped, grow, &m->block);
+        if (rc != FS_OK)
+            goto out;
+    }
+    rc = begin_move(a);
+    if (rc != FS_OK)
+        goto undo_block;
+    /* The gate stays closed until the move ends (for unknown launches only: none so far). */
+    rc = quiesce_on(res, a, evict ? res->d2h : res->h2d);
+    if (rc == FS_OK) {
+        if (evict) {
+            rc = move_begin_evict(res, m);
+        } else {
+            rc = fs_block_copy(res->dev, m->block, a->va, a->mapped, true, res->h2d);
+            if (rc == FS_OK)
+                move_queue_fp(res, m, m->block->copy_va, res->h2d);
+        }
+    }
+    if (rc == FS_OK)
+        rc = fs_dev_call(res->dev, event_record, m->ev, evict ? res->d2h : res->h2d);
+    if (rc != FS_OK) {
+        /* Queued work may still read the range: wait for it before giving the block back. */
+        fs_dev_call(res->dev, stream_sync, evict ? res->d2h : res->h2d);
+        quiesce_end(res);
+        end_move(res, a, evict ? FS_RES_DEVICE : FS_RES_HOST);
+        STAT(res, failures, 1);
+        FS_WARN("%s allocation %llu (%llu bytes) failed (%s)", evict ? "evicting" : "prefetching",
+                (unsigned long long)a->id, (unsigned long long)a->size, fs_err_str(rc));
+        goto undo_block;
+    }
+    if (evict)
+        res->evictions_inflight++;
+    pthread_mutex_unlock(&res->lock);
+    return FS_OK;
+undo_block:
+    if (m->block)
+        fs_phys_pool_put(&res->dev_pool, m->block);
+    m->block = NULL;
+out:
+    pthread_mutex_unlock(&res->lock);
+    return rc;
+}
+
+static int move_wait(struct fs_residency *res, struct fs_res_move *m, bool wait)
+{
+    return wait ? fs_dev_call(res->dev, event_sync, m->ev) : fs_dev_call(res->dev, event_query, m->ev);
+}
+
+int fs_res_move_end(struct fs_residency *res, struct fs_res_move *m, bool wait)
+{
+    struct fs_alloc *a = m->a;
+    int rc = move_wait(res, m, wait);
+    if (rc == FS_ERR_NOT_READY)
+        return rc;
+    bool clean = false;
+    if (rc == FS_OK && m->comparing) {
+        /* Nothing else touches A or the d2h stream's state for it: no lock needed here. */
+        m->fp = fs_fp_combine(m->parts);
+        m->fp_known = true;
+        m->comparing = false;
+        clean = fs_fp_equal(m->fp, a->fp);
+        if (!clean) {
+            a->fp_valid = false;
+            rc = fs_block_copy(res->dev, a->host, a->va, a->mapped, true, res->d2h);
+            if (rc == FS_OK)
+                rc = fs_dev_call(res->dev, event_record, m->ev, res->d2h);
+            if (rc == FS_OK) {
+                rc = move_wait(res, m, wait);
+                if (rc == FS_ERR_NOT_READY)
+                    return rc;
+            }
+        }
+    } else if (rc == FS_OK && m->fp_queued) {
+        m->fp = fs_fp_combine(m->parts);
+        m->fp_known = true;
+    }
+    /* The copy is done and the range quiet since its last use: remap without the lock. */
+    if (rc == FS_OK)
+        rc = m->evict ? remap(res, a, a->dev, a->host) : remap(res, a, a->host, m->block);
+    pthread_mutex_lock(&res->lock);
+    quiesce_end(res);
+    if (m->evict)
+        res->evictions_inflight--;
+    STAT(res, async_moves, 1);
+    if (m->fp_known && rc == FS_OK)
+        STAT(res, fingerprints, 1);
+    if (rc == FS_OK && m->evict) {
+        fs_phys_pool_put(&res->dev_pool, a->dev);
+        a->dev = NULL;
+        if (m->fp_known) {
+            a->fp = m->fp;
+            a->fp_valid = true;
+        }
+        STAT(res, evictions, 1);
+        STAT(res, evicted_bytes, a->mapped);
+        if (clean) {
+            STAT(res, clean_evictions, 1);
+            STAT(res, clean_bytes, a->mapped);
+        }
+        STORE(&res->pressure, 1);
+        end_move(res, a, FS_RES_HOST);
+    } else if (rc == FS_OK) {
+        a->dev = m->block;
+        a->fp = m->fp;
+        a->fp_valid = m->fp_known;
+        STORE(&a->lru_tick, LOAD(&res->tick)); /* brought in for a use to come */
+        STAT(res, prefetches, 1);
+        STAT(res, prefetched_bytes, a->mapped);
+        end_move(res, a, FS_RES_DEVICE);
+    } else {
+        /* The copy may have failed half-way: the other side keeps the data; wait for the stream
+         * before the block goes back. */
+        fs_dev_call(res->dev, stream_sync, m->evict ? res->d2h : res->h2d);
+        if (m->block)
+            fs_phys_pool_put(&res->dev_pool, m->block);
+        if (m->evict)
+            a->fp_valid = false;
+        STAT(res, failures, 1);
+        FS_WARN("%s allocation %llu (%llu bytes) failed (%s); it stays where it was",
+                m->evict ? "evicting" : "prefetching", (unsigned long long)a->id,
+                (unsigned long long)a->size, fs_err_str(rc));
+        end_move(res, a, m->evict ? FS_RES_DEVICE : FS_RES_HOST);
+    }
+    m->block = NULL;
+    pthread_mutex_unlock(&res->lock);
+    return rc;
+}
 
 int fs_res_prefetch_id(struct fs_residency *res, uint64_t id)
 {

@@ -81,6 +81,7 @@ struct fs_res_stats {
     uint64_t quiesce_syncs;           /* full synchronizes forced by the quiet-range rule */
     uint64_t clean_evictions, clean_bytes; /* evictions whose write-back the fingerprint skipped */
     uint64_t fingerprints;            /* fingerprints taken */
+    uint64_t async_moves;             /* moves through fs_res_move_begin/end */
     uint64_t failures;                /* internal failures that fell back (logged) */
 };
 
@@ -104,6 +105,7 @@ struct fs_residency {
     int launches_inflight;  /* strict: launches between enter and exit, atomic */
     int pressure;           /* record last-use events (atomic); set at the first eviction */
     uint64_t *fp_parts;     /* fingerprint results (device-writable host memory); NULL: off */
+    int evictions_inflight; /* asynchronous evictions begun, not ended (lock) */
     pthread_mutex_t ev_lock; /* guards free_events only */
     struct fs_shared_event *free_events;
     struct fs_res_stats stats;
@@ -145,6 +147,39 @@ static inline struct fs_alloc *fs_res_lookup(const struct fs_residency *res, uin
  * queued holds it. */
 int fs_res_prefetch_id(struct fs_residency *res, uint64_t id);
 int fs_res_evict_id(struct fs_residency *res, uint64_t id);
+
+/* Asynchronous moves, for the plan's mover: several can be in flight, so write-backs,
+ * prefetches and remaps overlap (both link directions busy; the CPU remaps one allocation while
+ * the link copies the next). fs_res_move_begin marks the allocation moving, orders the copy after
+ * its last use on the engine's stream (no host wait), queues the copy (an eviction first
+ * compares fingerprints and copies only if the data changed) and records M->EV; the residency
+ * lock is free until fs_res_move_end, which waits for (or, WAIT false, polls) the copy, remaps
+ * and finishes. Only in tracked mode with no unknown launch seen so far: a move in flight keeps
+ * the gate closed, which would stall strict mode's every launch (FS_ERR_UNSUPPORTED: use the
+ * synchronous calls above). */
+#define FS_RES_NOTHING 1 /* begin: already where the move would put it */
+
+struct fs_res_move {
+    fs_event ev;     /* the caller's: recorded after the queued work */
+    uint64_t *parts; /* the caller's: FS_FP_PARTS_BYTES from the device's host_alloc */
+    /* set by begin */
+    struct fs_alloc *a;
+    bool evict;
+    bool comparing;        /* eviction: the fingerprint is compared before any copy */
+    bool fp_queued;        /* a fingerprint of the moved data lands in PARTS with EV */
+    bool fp_known;         /* FP holds the moved data's fingerprint */
+    struct fs_fp fp;
+    struct fs_block *block; /* prefetch: the device block being filled */
+    uint64_t t_begin_ns;
+};
+
+/* FS_OK: started, finish with fs_res_move_end. FS_RES_NOTHING; FS_ERR_NOT_FOUND (freed);
+ * FS_ERR_NOT_READY: in use or moving, or (prefetch) room comes only when moves in flight end:
+ * retry later; FS_ERR_UNSUPPORTED (see above); FS_ERR_NOMEM (no room within the budget). */
+int fs_res_move_begin(struct fs_residency *res, uint64_t id, bool evict, struct fs_res_move *m);
+/* FS_ERR_NOT_READY while the copy runs (WAIT false); FS_OK when moved; another error: the move
+ * failed and the allocation stayed where it was (logged, counted). */
+int fs_res_move_end(struct fs_residency *res, struct fs_res_move *m, bool wait);
 
 /* Record last-use events from now on (tracked mode), as the first eviction does: a plan is about
  * to move allocations, and each move should wait only for the launches that used it. */

@@ -468,6 +468,12 @@ static void test_plan_runs_from_saved_profile(void **state)
     assert_true(st.res.prefetches >= ITERS);
     assert_int_equal(st.exec.move_failures, 0);
     assert_true(st.res.device_bytes_peak <= 64 * MIB);
+    /* Tracked mode: the moves overlap; the weights are never written, so once fingerprinted
+     * their evictions copy nothing back. */
+    assert_true(st.exec.overlapped >= ITERS);
+    assert_true(st.res.async_moves >= ITERS);
+    assert_true(st.exec.max_inflight >= 1 && st.exec.max_inflight <= FS_EXEC_MOVES_INFLIGHT);
+    assert_true(st.res.clean_evictions >= ITERS / 2);
     stop(dev);
     unlink(path);
 }
