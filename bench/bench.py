@@ -1,0 +1,751 @@
+#!/usr/bin/env python3
+"""One measurement of the issue-5 benchmark: one system, one workload, one budget, one process.
+
+Run by bench/run.sh on the GPU machine (read it first); by hand, from the repository root:
+
+  python3 bench/bench.py --system noshim|flexshim|pipeline|accelerate --workload prefill|decode \
+      --model 7b|1b --budget-pct 50 --result FILE [--kind measure|record] [--iters N --warmup W]
+  python3 bench/bench.py --system bandwidth --result FILE     # W: pinned host-to-device copies
+  python3 bench/bench.py --model 7b --print-budgets 100,50,25  # "PCT BYTES MIB" lines, no torch
+  python3 bench/bench.py --selftest                             # the pure-Python parts, no torch
+
+The model is a transformers LlamaForCausalLM with random bf16 weights built on the GPU from a
+seeded generator (the same weights in every system and process), SDPA attention:
+  7b: hidden 4096, intermediate 14336, 32 layers, 32 heads, 8 KV heads, vocab 32000
+  1b: hidden 2048, intermediate 5632, 22 layers, 32 heads, 8 KV heads, vocab 32000
+      (the model of tests/gpu/llama_test.py)
+Workloads (no gradient, torch.no_grad(); each step is timed with torch.cuda.synchronize() before
+and after it; the median of the steps after the warm-up ones is the result):
+  prefill  one forward of 4 x 2048 tokens, no KV cache kept; a step is one forward; fingerprint:
+           SHA-256 of the float32 row sums of the logits of the last step
+  decode   batch 1: a 128-token prompt (not a step), then greedy decode steps with the KV cache
+           (manual argmax loop); fingerprint: the token list
+Systems (flexshim itself is preloaded by run.sh; in this process it is the same code as noshim):
+  noshim / flexshim  the model as built, all on the GPU
+  pipeline           bench/prefetch_pipeline.py: streamed layers through two GPU slots
+  accelerate         weights moved to the CPU, infer_auto_device_map(max_memory={0: budget,
+                     "cpu": ...}) and dispatch_model; at 100% the plain model
+The result (one JSON object) is written to --result; run.sh adds the shim's log lines to it and
+appends it to bench.jsonl (bench/report.py append).
+With --fake no torch is imported and plausible made-up numbers are written, marked "fake": true:
+it exists only to test run.sh and report.py on a machine without a GPU.
+"""
+import argparse
+import hashlib
+import inspect
+import json
+import os
+import statistics
+import sys
+import time
+import traceback
+
+MiB = 1 << 20
+GiB = 1 << 30
+# No network on the GPU machine: the model is built from a config, nothing is downloaded.
+os.environ.setdefault("HF_HUB_OFFLINE", "1")
+os.environ.setdefault("TRANSFORMERS_OFFLINE", "1")
+
+MODELS = {
+    "7b": dict(hidden=4096, intermediate=14336, layers=32, heads=32, kv_heads=8, vocab=32000),
+    "1b": dict(hidden=2048, intermediate=5632, layers=22, heads=32, kv_heads=8, vocab=32000),
+}
+BYTES_PER_PARAM = 2  # bf16
+PREFILL_SHAPE = (4, 2048)  # batch x tokens
+DECODE_PROMPT = 128
+
+# (iterations, warm-up iterations left out of the median) per workload, system and kind.
+# Prefill: an iteration is one forward; decode: one decode step (after the prompt).
+# Accelerate copies the offloaded layers from pageable memory at every forward, which is slow,
+# so it gets fewer steps; the JSON line says how many were timed. A record run (--kind record)
+# stops 2 iterations after the shim saved the profile: its count here is only a cap, generous so
+# that discovery and profiling finish.
+DEFAULT_ITERS = {
+    ("prefill", "noshim"): (13, 3),
+    ("prefill", "flexshim"): (11, 3),
+    ("prefill", "pipeline"): (10, 2),
+    ("prefill", "accelerate"): (4, 1),
+    ("prefill", "record"): (20, 4),
+    ("decode", "noshim"): (32, 4),
+    ("decode", "flexshim"): (32, 4),
+    ("decode", "pipeline"): (32, 4),
+    ("decode", "accelerate"): (12, 2),
+    ("decode", "record"): (48, 8),
+}
+SYSTEMS = ("noshim", "flexshim", "pipeline", "accelerate", "bandwidth")
+
+
+# ---- model sizes and budgets (pure Python) ---------------------------------------------------
+def layer_params(m):
+    """Parameters of one LlamaDecoderLayer (no biases): q, k, v, o, gate, up, down, two norms."""
+    h, i = m["hidden"], m["intermediate"]
+    kv = h // m["heads"] * m["kv_heads"]
+    return 2 * h * h + 2 * h * kv + 3 * h * i + 2 * h
+
+
+def weight_bytes(m):
+    """Bytes of all weights: embeddings, layers, final norm and an untied lm_head."""
+    params = 2 * m["vocab"] * m["hidden"] + m["layers"] * layer_params(m) + m["hidden"]
+    return params * BYTES_PER_PARAM
+
+
+def budget_bytes(pct, wbytes):
+    """PCT percent of the weight bytes, rounded down to whole MiB (the shim is given MiB)."""
+    return int(pct * wbytes // 100) // MiB * MiB
+
+
+def parse_pcts(text):
+    out = []
+    for tok in text.replace(",", " ").split():
+        v = float(tok)
+        if not 0 < v <= 1000:
+            raise ValueError(f"budget percent {tok!r} is not in (0, 1000]")
+        out.append(int(v) if v == int(v) else v)
+    return out
+
+
+def estimated_headroom(model, workload):
+    """Rough activation room when no noshim measurement is there (said so in the JSON):
+    prefill: a few hidden states, the MLP intermediates and the logits (twice, for the
+    fingerprint's reduction); decode: 512 MiB."""
+    m = MODELS[model]
+    if workload == "prefill":
+        tokens = PREFILL_SHAPE[0] * PREFILL_SHAPE[1]
+        per_token = (6 * m["hidden"] + 4 * m["intermediate"] + 2 * m["vocab"]) * BYTES_PER_PARAM
+        return tokens * per_token + 256 * MiB
+    return 512 * MiB
+
+
+def headroom_from(jsonl, model, workload, run_id):
+    """headroom_bytes of the noshim line of this model and workload in JSONL (the same run_id
+    when there is one, else the latest): (bytes, source) or (None, why not)."""
+    best = None
+    try:
+        with open(jsonl) as f:
+            for line in f:
+                try:
+                    d = json.loads(line)
+                except ValueError:
+                    continue
+                if (d.get("kind") == "measure" and d.get("system") == "noshim"
+                        and d.get("model") == model and d.get("workload") == workload
+                        and isinstance(d.get("headroom_bytes"), int)):
+                    same = run_id is not None and d.get("run_id") == run_id
+                    if best is None or same or not best[1]:
+                        best = (d["headroom_bytes"], same, d.get("run_id"))
+    except OSError as e:
+        return None, f"no {jsonl}: {e.strerror}"
+    if best is None:
+        return None, f"no noshim {workload} line in {jsonl}"
+    return best[0], f"noshim peak reserved - weights (run {best[2]})"
+
+
+def process_age_s():
+    """Seconds since this process started (from /proc: includes the interpreter's start and the
+    preloaded shim's initialisation); None where /proc cannot tell."""
+    try:
+        with open("/proc/self/stat") as f:
+            stat = f.read()
+        fields = stat[stat.rindex(")") + 2:].split()
+        start = int(fields[19]) / os.sysconf("SC_CLK_TCK")  # field 22: starttime
+        with open("/proc/uptime") as f:
+            up = float(f.read().split()[0])
+        return max(0.0, up - start)
+    except (OSError, ValueError, IndexError):
+        return None
+
+
+def launcher_age_s():
+    """Seconds since run.sh launched this process (BENCH_T0, from date +%s.%N), or None."""
+    try:
+        return time.time() - float(os.environ["BENCH_T0"])
+    except (KeyError, ValueError):
+        return None
+
+
+def shim_loaded():
+    try:
+        with open("/proc/self/maps") as f:
+            return "libflexshim" in f.read()
+    except OSError:
+        return None
+
+
+def median_of(times, warmup):
+    tail = times[warmup:] if len(times) > warmup else times
+    return (statistics.median(tail), len(tail)) if tail else (None, 0)
+
+
+def r3(x):
+    return None if x is None else round(x, 3)
+
+
+# ---- the model -------------------------------------------------------------------------------
+def build_model(name, seed):
+    """LlamaForCausalLM with random bf16 weights built directly on the GPU (fast), seeded."""
+    import torch
+    from transformers import LlamaConfig, LlamaForCausalLM
+
+    m = MODELS[name]
+    kw = dict(hidden_size=m["hidden"], intermediate_size=m["intermediate"],
+              num_hidden_layers=m["layers"], num_attention_heads=m["heads"],
+              num_key_value_heads=m["kv_heads"], vocab_size=m["vocab"],
+              max_position_embeddings=4096, tie_word_embeddings=False)
+    try:
+        config = LlamaConfig(**kw, attn_implementation="sdpa")
+    except TypeError:
+        config = LlamaConfig(**kw)
+    try:
+        config._attn_implementation = "sdpa"
+    except Exception:
+        pass
+    torch.manual_seed(seed)
+    torch.set_default_dtype(torch.bfloat16)
+    try:
+        with torch.device("cuda"):
+            model = LlamaForCausalLM(config)
+    finally:
+        torch.set_default_dtype(torch.float32)
+    model.eval()
+    dtypes = sorted({str(p.dtype) for p in model.parameters()})
+    if dtypes != ["torch.bfloat16"]:
+        raise SystemExit(f"unexpected parameter dtypes {dtypes}")
+    return model
+
+
+def weight_checksum(model):
+    """float64 sum of per-parameter float32 sums (no float copy of the weights)."""
+    import torch
+
+    with torch.no_grad():
+        sums = torch.stack([p.detach().sum(dtype=torch.float32) for p in model.parameters()])
+        return float(sums.double().sum().item())
+
+
+def gpu_layers(model):
+    return model.model.layers
+
+
+# ---- systems: set-up after the build ---------------------------------------------------------
+def setup_pipeline(model, args, res):
+    import torch
+    import prefetch_pipeline as pl
+
+    layers = gpu_layers(model)
+    n = len(layers)
+    layer_b = sum(p.numel() * p.element_size() for p in layers[0].parameters())
+    total_b = sum(p.numel() * p.element_size() for p in model.parameters())
+    buffers_b = sum(b.numel() * b.element_size() for b in model.buffers())
+    fixed_b = total_b - n * layer_b + buffers_b
+    _, numel = pl.flat_layout([(nm, p.shape, p.numel()) for nm, p in layers[0].named_parameters()],
+                              next(layers[0].parameters()).element_size())
+    slot_b = numel * next(layers[0].parameters()).element_size()
+    headroom, source = (None, None)
+    if args.headroom_from:
+        headroom, source = headroom_from(args.headroom_from, args.model, args.workload,
+                                         args.run_id)
+    if headroom is None:
+        why = source
+        headroom = estimated_headroom(args.model, args.workload)
+        source = f"estimated ({why})" if why else "estimated"
+    plan = pl.plan_layers(args.budget_bytes, fixed_b, layer_b, slot_b, n, headroom)
+    plan["headroom_source"] = source
+    res["pipeline"] = plan
+    if not plan["fits"]:
+        return None, plan["reason"]
+    streamed = pl.spread(n, plan["streamed"])
+    plan["streamed_layers"] = streamed
+    plan["bytes_per_step"] = len(streamed) * slot_b
+    if not streamed:
+        return None, None
+    streamer = pl.LayerStreamer(layers, streamed, torch.device("cuda", 0))
+    return streamer, None
+
+
+def setup_accelerate(model, args, res):
+    """Weights to the CPU, then what most users do: infer_auto_device_map + dispatch_model."""
+    import torch
+    import accelerate
+    from accelerate import dispatch_model, infer_auto_device_map
+
+    info = {"version": accelerate.__version__}
+    res["accelerate"] = info
+    if args.budget_pct >= 100:
+        info["device_map"] = "all on GPU 0 (plain model: the budget holds every weight)"
+        return model, None
+    model.to("cpu")
+    torch.cuda.synchronize()
+    torch.cuda.empty_cache()
+    cpu_room = max(64 * GiB, 2 * args.weight_bytes)
+    max_memory = {0: args.budget_bytes, "cpu": cpu_room}
+    try:
+        device_map = infer_auto_device_map(model, max_memory=max_memory,
+                                           no_split_module_classes=["LlamaDecoderLayer"])
+        info["device_map_by"] = "accelerate.infer_auto_device_map"
+    except Exception as e:  # transformers 5 has its own copy, the one from_pretrained uses
+        from transformers.integrations.accelerate import infer_auto_device_map as tf_infer
+
+        device_map = tf_infer(model, max_memory=max_memory,
+                              no_split_module_classes=["LlamaDecoderLayer"])
+        info["device_map_by"] = ("transformers.integrations.accelerate.infer_auto_device_map "
+                                 f"(accelerate's raised {type(e).__name__}: {e})")
+    on_gpu = [k for k, v in device_map.items() if v not in ("cpu", "disk")]
+    info["device_map"] = {k: str(v) for k, v in device_map.items()}
+    info["modules_on_gpu"] = len(on_gpu)
+    info["modules_on_cpu"] = len(device_map) - len(on_gpu)
+    info["layers_on_gpu"] = sum(1 for k in on_gpu if ".layers." in k)
+    if not on_gpu:
+        return None, "infer_auto_device_map put nothing on the GPU"
+    kw = {}
+    # As transformers' from_pretrained(device_map=...) does: the hooks must not move the KV
+    # cache object to the execution device.
+    skip = getattr(model, "_skip_keys_device_placement", None)
+    if skip and "skip_keys" in inspect.signature(dispatch_model).parameters:
+        kw["skip_keys"] = skip
+        info["skip_keys"] = skip
+    model = dispatch_model(model, device_map=device_map, **kw)
+    return model, None
+
+
+# ---- workloads -------------------------------------------------------------------------------
+class StopAfterProfile:
+    """In a record run: True once the shim has saved the profile (FLEXTENSOR_PROFILE_OUT exists,
+    written by rename) and EXTRA more iterations ran."""
+
+    def __init__(self, extra):
+        self.path = os.environ.get("FLEXTENSOR_PROFILE_OUT") if extra is not None else None
+        self.extra = extra
+        self.seen_at = None
+
+    def __call__(self, i):
+        if not self.path:
+            return False
+        if self.seen_at is None and os.path.exists(self.path):
+            self.seen_at = i
+        return self.seen_at is not None and i - self.seen_at >= self.extra
+
+
+def hash_tensor_bytes(t):
+    """SHA-256 (first 16 hex digits) of a CPU tensor's bytes."""
+    try:
+        data = t.contiguous().numpy().tobytes()
+    except Exception:  # no numpy: slower, same bytes for float32
+        import struct
+
+        data = struct.pack(f"<{t.numel()}f", *t.flatten().tolist())
+    return hashlib.sha256(data).hexdigest()[:16]
+
+
+def run_prefill(model, args, res, stop):
+    import torch
+
+    gen = torch.Generator(device="cpu").manual_seed(args.seed + 1)
+    x = torch.randint(0, MODELS[args.model]["vocab"], PREFILL_SHAPE, generator=gen,
+                      dtype=torch.long).to("cuda")
+    times, hashes = [], []
+    last_tokens = None
+    with torch.no_grad():
+        for i in range(args.iters):
+            torch.cuda.synchronize()
+            t0 = time.perf_counter()
+            out = model(input_ids=x, use_cache=False)
+            torch.cuda.synchronize()
+            times.append(time.perf_counter() - t0)
+            if i == 0:
+                res["ttfs_s"] = r3(process_age_s())
+                res["ttfs_launcher_s"] = r3(launcher_age_s())
+            # Outside the timed window, the same in every iteration (discovery sees a regular
+            # loop): row sums of the logits (float32 accumulation, no float copy of the logits).
+            logits = out.logits
+            rows = logits.sum(dim=-1, dtype=torch.float32).cpu()
+            hashes.append(hash_tensor_bytes(rows))
+            last_tokens = [int(v) for v in logits[:, -1, :].argmax(dim=-1).cpu().tolist()]
+            del out, logits
+            print(f"  prefill {i + 1}/{args.iters}: {times[-1] * 1000:.1f} ms", flush=True)
+            if stop(i):
+                print(f"  profile saved at iteration {stop.seen_at + 1}: stopping", flush=True)
+                break
+    res["fingerprint"] = {"kind": "logits-rowsum-sha256", "value": hashes[-1],
+                          "last_position_argmax": last_tokens,
+                          "stable": len(set(hashes)) == 1, "distinct": len(set(hashes))}
+    return times
+
+
+def run_decode(model, args, res, stop):
+    import torch
+
+    gen = torch.Generator(device="cpu").manual_seed(args.seed + 2)
+    prompt = torch.randint(0, MODELS[args.model]["vocab"], (1, DECODE_PROMPT), generator=gen,
+                           dtype=torch.long).to("cuda")
+    times = []
+    with torch.no_grad():
+        torch.cuda.synchronize()
+        t0 = time.perf_counter()
+        out = model(input_ids=prompt, use_cache=True)
+        past = out.past_key_values
+        cur = out.logits[:, -1, :].argmax(dim=-1, keepdim=True)
+        torch.cuda.synchronize()
+        res["prompt_ms"] = r3((time.perf_counter() - t0) * 1000)
+        del out
+        toks = [cur]
+        for i in range(args.iters):
+            torch.cuda.synchronize()
+            t0 = time.perf_counter()
+            out = model(input_ids=cur, past_key_values=past, use_cache=True)
+            past = out.past_key_values
+            cur = out.logits[:, -1, :].argmax(dim=-1, keepdim=True)
+            torch.cuda.synchronize()
+            times.append(time.perf_counter() - t0)
+            toks.append(cur)
+            del out
+            if i == 0:
+                res["ttfs_s"] = r3(process_age_s())
+                res["ttfs_launcher_s"] = r3(launcher_age_s())
+            if (i + 1) % 8 == 0 or i + 1 == args.iters:
+                print(f"  decode {i + 1}/{args.iters}: {times[-1] * 1000:.1f} ms", flush=True)
+            if stop(i):
+                print(f"  profile saved at step {stop.seen_at + 1}: stopping", flush=True)
+                break
+        tokens = [int(t) for t in torch.cat(toks, dim=1).flatten().cpu().tolist()]
+    res["fingerprint"] = {"kind": "tokens", "value": hashlib.sha256(
+        json.dumps(tokens).encode()).hexdigest()[:16], "tokens": tokens}
+    return times
+
+
+# ---- W: pinned host-to-device bandwidth ------------------------------------------------------
+def run_bandwidth(args, res):
+    import torch
+
+    n = args.bw_bytes
+    host = torch.empty(n, dtype=torch.uint8, pin_memory=True)
+    host.fill_(1)
+    dev = torch.empty(n, dtype=torch.uint8, device="cuda")
+    out = {}
+    for name, dst, src in (("h2d", dev, host), ("d2h", host, dev)):
+        dst.copy_(src, non_blocking=True)  # warm-up
+        torch.cuda.synchronize()
+        secs = []
+        for _ in range(args.bw_reps):
+            e0 = torch.cuda.Event(enable_timing=True)
+            e1 = torch.cuda.Event(enable_timing=True)
+            e0.record()
+            dst.copy_(src, non_blocking=True)
+            e1.record()
+            e1.synchronize()
+            secs.append(e0.elapsed_time(e1) / 1000)
+        med = statistics.median(secs)
+        out[name] = {"bytes": n, "seconds": [round(s, 6) for s in secs],
+                     "median_s": round(med, 6), "bytes_per_s": n / med,
+                     "gb_per_s": round(n / med / 1e9, 2)}
+        print(f"  {name}: {n / GiB:.2f} GiB, median {med * 1000:.2f} ms, {n / med / 1e9:.2f} GB/s",
+              flush=True)
+    res["bandwidth"] = out
+    res["W_bytes_per_s"] = out["h2d"]["bytes_per_s"]
+
+
+# ---- one run ---------------------------------------------------------------------------------
+def versions(res):
+    import torch
+
+    res["torch"] = torch.__version__
+    try:
+        import transformers
+
+        res["transformers"] = transformers.__version__
+    except Exception as e:
+        res["transformers"] = f"unavailable: {e!r}"
+    res["gpu"] = torch.cuda.get_device_name(0)
+
+
+def measure(args, res):
+    t_imp = time.perf_counter()
+    import torch
+
+    if not torch.cuda.is_available():
+        raise RuntimeError("CUDA is not available")
+    __import__("transformers")  # timed with torch: the imports are part of the start-up
+
+    res["import_s"] = r3(time.perf_counter() - t_imp)
+    versions(res)
+    if args.system == "bandwidth":
+        run_bandwidth(args, res)
+        return 0
+
+    t0 = time.perf_counter()
+    model = build_model(args.model, args.seed)
+    torch.cuda.synchronize()
+    res["build_s"] = r3(time.perf_counter() - t0)
+    wb = sum(p.numel() * p.element_size() for p in model.parameters())
+    res["weight_bytes_measured"] = wb
+    if wb != args.weight_bytes:
+        res.setdefault("notes", []).append(
+            f"weight bytes {wb} differ from the computed {args.weight_bytes}")
+    print(f"  model {args.model} built in {res['build_s']} s: {wb / GiB:.2f} GiB of weights",
+          flush=True)
+    # Proves that every system runs the same weights; for flexshim at the end (keeps it off the
+    # start-up path, and checks the weights survived their moves).
+    if args.system != "flexshim":
+        res["weight_checksum"] = weight_checksum(model)
+
+    t0 = time.perf_counter()
+    streamer = None
+    if args.system == "pipeline":
+        streamer, why = setup_pipeline(model, args, res)
+        if why:
+            res["kind"] = "skipped"
+            res["reason"] = f"pipeline does not fit: {why}"
+            return 0
+    elif args.system == "accelerate":
+        model, why = setup_accelerate(model, args, res)
+        if why:
+            res["kind"] = "skipped"
+            res["reason"] = why
+            return 0
+    torch.cuda.synchronize()
+    torch.cuda.empty_cache()
+    res["setup_s"] = r3(time.perf_counter() - t0)
+    torch.cuda.reset_peak_memory_stats()
+
+    stop = StopAfterProfile(2 if args.kind == "record" else None)
+    runner = run_prefill if args.workload == "prefill" else run_decode
+    times = runner(model, args, res, stop)
+    med, n = median_of(times, args.warmup)
+    res["step_ms"] = [round(t * 1000, 3) for t in times]
+    res["step_ms_median"] = r3(med * 1000) if med is not None else None
+    res["timed_steps"] = n
+    res["warmup_steps"] = min(args.warmup, len(times)) if n < len(times) else 0
+    res["first_step_ms"] = res["step_ms"][0] if times else None
+    res["peak_allocated_bytes"] = torch.cuda.max_memory_allocated()
+    res["peak_reserved_bytes"] = torch.cuda.max_memory_reserved()
+    if args.system == "noshim":
+        # What besides the weights must fit: the pipeline charges it against the budget.
+        res["headroom_bytes"] = max(0, res["peak_reserved_bytes"] - wb)
+    if args.system == "pipeline" and res.get("pipeline", {}).get("fits"):
+        res["pipeline"]["within_budget"] = res["peak_reserved_bytes"] <= args.budget_bytes
+        if streamer is not None:
+            res["pipeline"].update(streamer.stats())
+    if args.system == "flexshim":
+        res["weight_checksum"] = weight_checksum(model)
+    print(f"  median {res['step_ms_median']} ms over {n} steps; peak reserved "
+          f"{res['peak_reserved_bytes'] / GiB:.2f} GiB", flush=True)
+    return 0
+
+
+def fake_measure(args, res):
+    """Made-up numbers for testing run.sh and report.py without a GPU (marked fake)."""
+    import random
+
+    rnd = random.Random(f"{args.system}{args.workload}{args.budget_pct}")
+    time.sleep(args.fake_sleep)
+    res["fake"] = True
+    res["gpu"] = "FAKE (no GPU)"
+    if args.system == "bandwidth":
+        res["W_bytes_per_s"] = 53.0e9
+        res["bandwidth"] = {"h2d": {"gb_per_s": 53.0}, "d2h": {"gb_per_s": 54.0}}
+        return 0
+    c = 180.0 if args.workload == "prefill" else 25.0
+    moved = max(0, args.weight_bytes - args.budget_bytes) / 53.0e9 * 1000
+    factor = {"noshim": 1.0, "flexshim": 1.3, "pipeline": 1.15, "accelerate": 4.0}[args.system]
+    base = max(c, moved) * (factor if moved > 0 or args.system == "noshim" else 1.02)
+    times = [base * (1 + 0.02 * rnd.random()) for _ in range(args.iters)]
+    med, n = median_of(times, args.warmup)
+    res.update(step_ms=[round(t, 3) for t in times], step_ms_median=round(med, 3),
+               timed_steps=n, warmup_steps=args.warmup, build_s=3.0, import_s=4.0,
+               ttfs_s=9.0 + (1.5 if args.system == "flexshim" else 0.0),
+               weight_checksum=1234.5)
+    if args.workload == "prefill":
+        res["fingerprint"] = {"kind": "logits-rowsum-sha256", "value": "0123456789abcdef",
+                              "stable": True, "distinct": 1}
+    else:
+        toks = list(range(100, 101 + args.iters))
+        res["fingerprint"] = {"kind": "tokens", "value": "x", "tokens": toks}
+    if args.system == "noshim":
+        res["headroom_bytes"] = 3 * GiB if args.workload == "prefill" else 64 * MiB
+    if args.kind == "record" and os.environ.get("FLEXTENSOR_PROFILE_OUT"):
+        with open(os.environ["FLEXTENSOR_PROFILE_OUT"], "w") as f:
+            f.write("{}\n")
+    return 0
+
+
+def write_json(path, obj):
+    tmp = f"{path}.tmp{os.getpid()}"
+    with open(tmp, "w") as f:
+        json.dump(obj, f)
+        f.write("\n")
+    os.replace(tmp, path)
+
+
+# ---- self-test (pure Python) -----------------------------------------------------------------
+def selftest():
+    import prefetch_pipeline as pl
+
+    fails = []
+
+    def check(name, cond, detail=""):
+        print(f"{'ok  ' if cond else 'FAIL'} {name}{': ' + str(detail) if detail else ''}")
+        if not cond:
+            fails.append(name)
+
+    # The 1b is llama_test.py's model: 2142 MiB of bf16 weights (docs/RESULTS.md).
+    wb1 = weight_bytes(MODELS["1b"])
+    check("1b weight bytes", wb1 == 2246234112, wb1)
+    check("1b is 2142 MiB", round(wb1 / MiB) == 2142, wb1 / MiB)
+    wb7 = weight_bytes(MODELS["7b"])
+    lp7 = layer_params(MODELS["7b"])
+    check("7b layer params", lp7 == 218112000, lp7)
+    check("7b weight bytes", wb7 == 2 * (2 * 32000 * 4096 + 32 * lp7 + 4096), wb7)
+    check("7b is about 13.5 GiB", 13.3 < wb7 / GiB < 13.7, wb7 / GiB)
+    b = budget_bytes(25, wb7)
+    check("budget whole MiB", b % MiB == 0 and wb7 / 4 - MiB < b <= wb7 / 4, b)
+    check("budget 100% <= weights", budget_bytes(100, wb7) <= wb7)
+    check("parse_pcts", parse_pcts("100 50,25 12.5") == [100, 50, 25, 12.5])
+    try:
+        parse_pcts("0")
+        check("parse_pcts rejects 0", False)
+    except ValueError:
+        check("parse_pcts rejects 0", True)
+
+    check("spread 32/16", pl.spread(32, 16) == list(range(0, 32, 2)))
+    for n in (22, 32):
+        for k in range(0, n + 1):
+            s = pl.spread(n, k)
+            if len(s) != k or len(set(s)) != k or s != sorted(s) or (s and s[-1] >= n):
+                check(f"spread {n}/{k}", False, s)
+                break
+    check("spread all sizes", True)
+    L = 436 * MiB
+    p = pl.plan_layers(100 * GiB, 500 * MiB, L, L, 32, 2 * GiB)
+    check("plan: all fit", p["fits"] and p["resident"] == 32 and p["slots"] == 0, p)
+    budget = 32 * L + 500 * MiB  # 100% of the weights
+    p = pl.plan_layers(budget, 500 * MiB, L, L, 32, 64 * MiB)
+    check("plan: 100% with headroom streams 3 layers", p["streamed"] == 3 and p["resident"] == 29,
+          p)
+    check("plan: within budget", p["planned_bytes"] <= budget, p)
+    p = pl.plan_layers(3 * GiB, 500 * MiB, L, L, 32, 2 * GiB)
+    check("plan: does not fit", not p["fits"], p)
+    p = pl.plan_layers(500 * MiB + 2 * L + 10, 500 * MiB, L, L, 32, 0)
+    check("plan: nothing resident, all streamed", p["fits"] and p["resident"] == 0
+          and p["streamed"] == 32, p)
+    lay, numel = pl.flat_layout([("a", (3, 5), 15), ("b", (7,), 7)], 2)
+    check("flat layout aligned", lay[1][2] == 256 and numel == 512, (lay, numel))
+
+    age = process_age_s()
+    check("process age from /proc", age is not None and 0 <= age < 3600, age)
+    check("median_of", median_of([9, 1, 2, 3], 1) == (2, 3))
+    check("median_of short", median_of([5], 3) == (5, 1))
+    # headroom_from: prefers the same run_id, else the latest
+    import tempfile
+
+    with tempfile.TemporaryDirectory() as d:
+        f = os.path.join(d, "b.jsonl")
+        with open(f, "w") as fh:
+            for rid, h in (("a", 10), ("b", 20), ("c", 30)):
+                fh.write(json.dumps({"kind": "measure", "system": "noshim", "model": "7b",
+                                     "workload": "prefill", "run_id": rid,
+                                     "headroom_bytes": h}) + "\n")
+            fh.write("not json\n")
+        check("headroom same run", headroom_from(f, "7b", "prefill", "b")[0] == 20)
+        check("headroom latest", headroom_from(f, "7b", "prefill", "zz")[0] == 30)
+        check("headroom none", headroom_from(f, "7b", "decode", "b")[0] is None)
+        check("headroom no file", headroom_from(f + "x", "7b", "decode", "b")[0] is None)
+    check("estimated headroom prefill", 1 * GiB < estimated_headroom("7b", "prefill") < 4 * GiB,
+          estimated_headroom("7b", "prefill") / GiB)
+    args = parse_args(["--system", "accelerate", "--workload", "decode", "--result", "x"])
+    check("defaults accelerate decode", (args.iters, args.warmup) == (12, 2))
+    args = parse_args(["--system", "flexshim", "--workload", "prefill", "--kind", "record",
+                       "--result", "x", "--budget-pct", "50"])
+    check("defaults record prefill", (args.iters, args.warmup) == (20, 4)
+          and args.budget_bytes == budget_bytes(50, wb7))
+    print(f"bench.py selftest: {'PASS' if not fails else 'FAIL: ' + ', '.join(fails)}")
+    return 1 if fails else 0
+
+
+# ---- command line ----------------------------------------------------------------------------
+def parse_args(argv):
+    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    ap.add_argument("--system", choices=SYSTEMS)
+    ap.add_argument("--workload", choices=("prefill", "decode"), default="prefill")
+    ap.add_argument("--model", choices=sorted(MODELS), default="7b")
+    ap.add_argument("--budget-pct", type=float, default=100.0,
+                    help="GPU memory budget, percent of the weight bytes")
+    ap.add_argument("--kind", choices=("measure", "record"), default="measure",
+                    help="record: a flexshim-profile record run (stops after the profile)")
+    ap.add_argument("--iters", type=int, help="iterations (prefill forwards / decode steps)")
+    ap.add_argument("--warmup", type=int, help="iterations left out of the median")
+    ap.add_argument("--seed", type=int, default=0)
+    ap.add_argument("--result", help="write the result (one JSON object) here")
+    ap.add_argument("--run-id", default=None)
+    ap.add_argument("--name", default=None, help="the run's name (logs)")
+    ap.add_argument("--headroom-from", default=None,
+                    help="bench.jsonl with the noshim line giving the pipeline's headroom")
+    ap.add_argument("--bw-bytes", type=int, default=GiB)
+    ap.add_argument("--bw-reps", type=int, default=5)
+    ap.add_argument("--print-budgets", metavar="PCTS", help="print PCT BYTES MIB lines and exit")
+    ap.add_argument("--fake", action="store_true", help="no GPU: made-up numbers (tests only)")
+    ap.add_argument("--fake-sleep", type=float, default=0.0)
+    ap.add_argument("--selftest", action="store_true")
+    args = ap.parse_args(argv)
+    if args.selftest or args.print_budgets:
+        return args
+    if not args.system or not args.result:
+        ap.error("--system and --result are needed")
+    key = "record" if args.kind == "record" else args.system
+    d_iters, d_warm = DEFAULT_ITERS.get((args.workload, key), (10, 2))
+    args.iters = d_iters if args.iters is None else args.iters
+    args.warmup = d_warm if args.warmup is None else args.warmup
+    if args.iters < 1 or args.warmup < 0:
+        ap.error("--iters >= 1 and --warmup >= 0")
+    if args.budget_pct <= 0:
+        ap.error("--budget-pct > 0")
+    args.weight_bytes = weight_bytes(MODELS[args.model])
+    args.budget_bytes = budget_bytes(args.budget_pct, args.weight_bytes)
+    return args
+
+
+def main(argv=None):
+    sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+    args = parse_args(sys.argv[1:] if argv is None else argv)
+    if args.selftest:
+        return selftest()
+    if args.print_budgets:
+        wb = weight_bytes(MODELS[args.model])
+        for pct in parse_pcts(args.print_budgets):
+            b = budget_bytes(pct, wb)
+            print(f"{pct} {b} {b // MiB}")
+        return 0
+    pct = args.budget_pct
+    res = {
+        "kind": "bandwidth" if args.system == "bandwidth" else args.kind,
+        "run_id": args.run_id, "name": args.name, "model": args.model,
+        "workload": None if args.system == "bandwidth" else args.workload,
+        "system": args.system, "budget_pct": int(pct) if pct == int(pct) else pct,
+        "budget_bytes": args.budget_bytes, "weight_bytes": args.weight_bytes,
+        "iters": args.iters, "warmup": args.warmup, "seed": args.seed, "pid": os.getpid(),
+        "shim_loaded": shim_loaded(),
+        "shim_env": {k: v for k, v in sorted(os.environ.items()) if k.startswith("FLEXTENSOR_")},
+        "time": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
+    }
+    if args.system == "flexshim" and not res["shim_loaded"] and not args.fake:
+        res.setdefault("notes", []).append("libflexshim.so is NOT loaded in this process")
+    t0 = time.perf_counter()
+    rc = 1
+    try:
+        rc = fake_measure(args, res) if args.fake else measure(args, res)
+    except BaseException as e:  # a failed run still leaves its line (and the reason)
+        res["kind"] = "failed"
+        res["error"] = f"{type(e).__name__}: {e}"
+        res["traceback"] = traceback.format_exc().splitlines()[-12:]
+        print(traceback.format_exc(), file=sys.stderr, flush=True)
+        rc = 1
+    res["wall_s"] = r3(time.perf_counter() - t0)
+    res["process_s"] = r3(process_age_s())
+    if args.result:
+        write_json(args.result, res)
+    print("RESULT " + json.dumps({k: res.get(k) for k in (
+        "kind", "system", "workload", "budget_pct", "step_ms_median", "timed_steps", "ttfs_s",
+        "build_s", "reason", "error")}), flush=True)
+    return rc
+
+
+if __name__ == "__main__":
+    sys.exit(main())
