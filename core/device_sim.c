@@ -136,6 +136,9 @@ struct sim {
 
 static const struct fs_device_ops sim_ops;
 
+/* When the calling engine thread's own host work (remaps) is done, on the modelled clock. */
+static __thread uint64_t tl_host_ready_ns;
+
 /* ---- small helpers ---------------------------------------------------------------------- */
 
 static struct sim *sim_of(struct fs_device *dev)
@@ -376,6 +379,8 @@ static int enqueue(struct sim *s, struct sim_op *op, struct fs_stream_ *stream,
         return FS_ERR_NOMEM;
     }
     uint64_t start = max_u64(max_u64(s->now_ns, stream->tail_ns), s->engine_free_ns[engine]);
+    if (fs_thread_internal)
+        start = max_u64(start, tl_host_ready_ns);
     op->end_ns = start + duration_ns;
     op->seq = s->seq++;
     s->engine_free_ns[engine] = op->end_ns;
@@ -611,11 +616,18 @@ static void capture_violation(struct sim *s, const char *what)
     FS_DEBUG("sim: %s while a stream is capturing", what);
 }
 
-/* The host spends NS_PER_GIB per GiB of SIZE on a map or unmap: the device works on meanwhile. */
+/* The host spends NS_PER_GIB per GiB of SIZE on a map or unmap: the device works on meanwhile.
+ * On an engine thread (fs_thread_internal) only that thread is busy: the work it queues next
+ * starts after it, while the program's thread goes on; on the program's thread the clock moves. */
 static void host_time(struct sim *s, uint64_t size, uint64_t ns_per_gib)
 {
-    if (ns_per_gib)
-        run_until(s, s->now_ns + (uint64_t)((double)size * (double)ns_per_gib / (1ull << 30)));
+    if (!ns_per_gib)
+        return;
+    uint64_t cost = (uint64_t)((double)size * (double)ns_per_gib / (1ull << 30));
+    if (fs_thread_internal)
+        tl_host_ready_ns = max_u64(tl_host_ready_ns, s->now_ns) + cost;
+    else
+        run_until(s, s->now_ns + cost);
 }
 
 static int map_locked(struct sim *s, fs_dptr va, uint64_t size, struct fs_phys_ *phys,

@@ -1545,6 +1545,52 @@ static void test_threads_smoke(void **state)
     d->ops->close(d);
 }
 
+/* Host time of remaps (replaying a profile): on the program's thread the clock moves; on an engine
+ * thread only that thread is busy, so the copy it queues next starts after the remap while the
+ * program's work is not held back. */
+static void test_remap_host_time_per_thread(void **state)
+{
+    (void)state;
+    struct fs_sim_config cfg = {.device_bytes = 64 * MIB, .granularity = G,
+                                .host_phys_supported = true, .copy_latency_ns = 2000};
+    const uint64_t per_gib = 1ull << 40; /* 1024 ns per byte: COST per map of G bytes */
+    const uint64_t cost = G * 1024;
+    cfg.map_ns_per_gib[FS_LOC_HOST] = per_gib;
+    struct fs_device *d = NULL;
+    assert_int_equal(fs_sim_open(&cfg, &d), FS_OK);
+    fs_phys ph, pd;
+    fs_dptr va, vd;
+    fs_stream s;
+    assert_int_equal(fs_dev_call(d, phys_create, G, FS_LOC_HOST, &ph), FS_OK);
+    assert_int_equal(fs_dev_call(d, phys_create, G, FS_LOC_DEVICE, &pd), FS_OK);
+    assert_int_equal(fs_dev_call(d, va_reserve, G, &va), FS_OK);
+    assert_int_equal(fs_dev_call(d, va_reserve, G, &vd), FS_OK);
+    assert_int_equal(fs_dev_call(d, stream_create, &s), FS_OK);
+    assert_int_equal(fs_dev_call(d, map, vd, G, pd, 0), FS_OK);
+
+    assert_int_equal(fs_dev_call(d, map, va, G, ph, 0), FS_OK); /* program thread */
+    assert_int_equal(fs_sim_now_ns(d), cost);
+    assert_int_equal(fs_dev_call(d, unmap, va, G), FS_OK);
+
+    fs_thread_internal = true;
+    assert_int_equal(fs_dev_call(d, map, va, G, ph, 0), FS_OK);
+    assert_int_equal(fs_sim_now_ns(d), cost); /* the clock did not move */
+    assert_int_equal(fs_dev_call(d, copy_async, vd, va, G, s), FS_OK);
+    assert_int_equal(fs_dev_call(d, stream_sync, s), FS_OK);
+    fs_thread_internal = false;
+    /* The copy started once the engine thread's remap was done. */
+    assert_int_equal(fs_sim_now_ns(d), 2 * cost + copy_ns(G, 55e9));
+
+    assert_int_equal(fs_dev_call(d, unmap, va, G), FS_OK);
+    assert_int_equal(fs_dev_call(d, unmap, vd, G), FS_OK);
+    assert_int_equal(fs_dev_call(d, va_release, va, G), FS_OK);
+    assert_int_equal(fs_dev_call(d, va_release, vd, G), FS_OK);
+    assert_int_equal(fs_dev_call(d, phys_release, ph), FS_OK);
+    assert_int_equal(fs_dev_call(d, phys_release, pd), FS_OK);
+    assert_int_equal(fs_dev_call(d, stream_destroy, s), FS_OK);
+    d->ops->close(d);
+}
+
 int main(void)
 {
     const struct CMUnitTest tests[] = {
@@ -1576,6 +1622,7 @@ int main(void)
         cmocka_unit_test(test_fail_nth_counts_and_disarms),
         cmocka_unit_test(test_close_frees_leaked_objects),
         cmocka_unit_test(test_threads_smoke),
+        cmocka_unit_test(test_remap_host_time_per_thread),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }
