@@ -32,24 +32,44 @@ static void job_done(struct fs_executor *x, const struct fs_exec_job *job, int r
         x->stats.move_failures++;
 }
 
-/* Start the jobs at the head of the queue while slots are free (lock held; dropped around device
- * work). Stops at a prefetch that must wait for the room of evictions in flight. */
+/* The next job (lock held): the one held back first, then the queue's head. */
+static bool next_job(struct fs_executor *x, struct fs_exec_job *job)
+{
+    if (x->has_held) {
+        *job = x->held;
+        x->has_held = false;
+        return true;
+    }
+    if (x->q_len == 0)
+        return false;
+    *job = x->q[x->q_head];
+    x->q_head = (x->q_head + 1) % x->q_cap;
+    x->q_len--;
+    return true;
+}
+
+/* Start the next jobs while slots are free (lock held; dropped around device work). A prefetch
+ * that must wait for the room of evictions in flight is held back until they end. */
 static void start_jobs(struct fs_executor *x)
 {
-    while (!x->stop && x->q_len > 0 && x->inflight < x->nslots) {
-        struct fs_exec_job job = x->q[x->q_head];
+    struct fs_exec_job job;
+    while (!x->stop && x->inflight < x->nslots && next_job(x, &job)) {
         struct fs_exec_slot *slot = NULL;
         for (int i = 0; i < x->nslots && !slot; i++)
             if (!x->slots[i].busy)
                 slot = &x->slots[i];
+        uint64_t gen = x->q_gen;
         pthread_mutex_unlock(&x->lock);
         int rc = capture_in_progress(x) ? FS_ERR_NOT_READY
                                         : fs_res_move_begin(x->res, job.id, job.evict, &slot->m);
         pthread_mutex_lock(&x->lock);
-        if (rc == FS_ERR_NOT_READY && x->inflight > 0)
-            return; /* retried once moves in flight have ended */
-        x->q_head = (x->q_head + 1) % x->q_cap;
-        x->q_len--;
+        if (rc == FS_ERR_NOT_READY && x->inflight > 0) {
+            if (x->q_gen == gen) { /* else the plan it came from was dropped meanwhile */
+                x->held = job;
+                x->has_held = true;
+            }
+            return;
+        }
         if (rc == FS_OK) {
             slot->job = job;
             slot->busy = true;
@@ -99,7 +119,7 @@ static void *mover_main(void *arg)
     int rcs[FS_EXEC_MOVES_INFLIGHT];
     pthread_mutex_lock(&x->lock);
     for (;;) {
-        while (!x->stop && x->q_len == 0 && x->inflight == 0) {
+        while (!x->stop && x->q_len == 0 && !x->has_held && x->inflight == 0) {
             x->busy = false;
             pthread_cond_broadcast(&x->done);
             pthread_cond_wait(&x->wake, &x->lock);
@@ -206,6 +226,8 @@ static void free_plan(struct fs_executor *x)
     x->tab_key = NULL;
     x->q = NULL;
     x->q_cap = x->q_len = x->q_head = 0;
+    x->has_held = false;
+    x->q_gen++;
 }
 
 void fs_exec_shutdown(struct fs_executor *x)
@@ -216,6 +238,7 @@ void fs_exec_shutdown(struct fs_executor *x)
     x->stop = true;
     __atomic_store_n(&x->running, 0, __ATOMIC_RELEASE);
     x->q_len = 0;
+    x->has_held = false;
     pthread_cond_broadcast(&x->done); /* a launch waiting for a prefetch goes on */
     pthread_cond_signal(&x->wake);
     pthread_mutex_unlock(&x->lock);
@@ -385,6 +408,8 @@ static void stop_locked(struct fs_executor *x)
 {
     __atomic_store_n(&x->running, 0, __ATOMIC_RELEASE);
     x->q_len = 0;
+    x->has_held = false;
+    x->q_gen++;
     if (x->pending)
         memset(x->pending, 0, (size_t)x->prof.nallocs * sizeof(int));
     pthread_cond_broadcast(&x->done); /* nobody waits for a dropped prefetch */

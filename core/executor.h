@@ -108,6 +108,9 @@ struct fs_executor {
     struct fs_exec_slot slots[FS_EXEC_MOVES_INFLIGHT];
     int nslots;              /* slots with an event and a fingerprint buffer (0: one at a time) */
     int inflight;            /* busy slots (mover thread only) */
+    struct fs_exec_job held; /* a job taken off the queue that waits for moves in flight */
+    bool has_held;
+    uint64_t q_gen;          /* changes whenever the queue is emptied or replaced */
     struct fs_exec_stats stats;
 };
 
