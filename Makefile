@@ -139,6 +139,8 @@ dist: all
 	cp shim/flexshim.h dist/include/
 	for l in $$(ldd $(LIB) | awk '/libinih|libjansson/ {print $$3}'); do cp -L $$l dist/lib/; done
 	tests/gpu/build.sh $(BUILD) dist/bin/gpu-tests
+	# What the bundle was built from (the GPU machine's copy of the tree may not know).
+	git describe --always --dirty > dist/COMMIT 2>/dev/null || echo unknown > dist/COMMIT
 	@echo "dist/: $$(ls dist/lib dist/bin | tr '\n' ' ')"
 
 install: all

@@ -302,7 +302,7 @@ def setup_accelerate(model, args, res):
     skip = getattr(model, "_skip_keys_device_placement", None)
     if skip and "skip_keys" in inspect.signature(dispatch_model).parameters:
         kw["skip_keys"] = skip
-        info["skip_keys"] = skip
+        info["skip_keys"] = sorted(skip) if isinstance(skip, (set, frozenset)) else skip
     model = dispatch_model(model, device_map=device_map, **kw)
     return model, None
 
@@ -570,7 +570,8 @@ def fake_measure(args, res):
 def write_json(path, obj):
     tmp = f"{path}.tmp{os.getpid()}"
     with open(tmp, "w") as f:
-        json.dump(obj, f)
+        # Sets (transformers keeps some settings as sets) are written as sorted lists.
+        json.dump(obj, f, default=lambda o: sorted(o) if isinstance(o, (set, frozenset)) else str(o))
         f.write("\n")
     os.replace(tmp, path)
 

@@ -183,7 +183,7 @@ shim_env() {
 # ---- the steps -------------------------------------------------------------------------------
 preamble() {
     echo "flexshim issue-5 benchmark: $(date -u '+%Y-%m-%d %H:%M:%S UTC'), $(hostname), run $RUN_ID"
-    echo "repository: $ROOT ($(git -C "$ROOT" rev-parse --short HEAD 2>/dev/null || echo '?')," \
+    echo "repository: $ROOT ($(cat "$ROOT/dist/COMMIT" 2>/dev/null || git -C "$ROOT" rev-parse --short HEAD 2>/dev/null || echo '?')," \
         "$(git -C "$ROOT" status --porcelain 2>/dev/null | wc -l | tr -d ' ') changed files)"
     echo "MODEL=$MODEL WORKLOADS='$WORKLOADS' BUDGETS='$BUDGETS' SYSTEMS='$SYSTEMS'" \
         "TOTAL_BUDGET_S=$TOTAL_BUDGET_S RUN_TIMEOUT_S=$RUN_TIMEOUT_S MIN_RUN_S=$MIN_RUN_S" \
@@ -209,7 +209,7 @@ preamble() {
     for p in "${PCTS[@]}" "$RECORD_PCT"; do echo "  $p ${BUDGET_B[$p]} ${BUDGET_MIB[$p]}"; done
     line --field kind=meta --field "run_id=$RUN_ID" --field "date=$(date -u '+%Y-%m-%d %H:%M UTC')" \
         --field "host=$(hostname)" --field "gpu=$gpu" --field "driver=$driver" \
-        --field "commit=$(git -C "$ROOT" rev-parse --short HEAD 2>/dev/null || echo '?')" \
+        --field "commit=$(cat "$ROOT/dist/COMMIT" 2>/dev/null || git -C "$ROOT" rev-parse --short HEAD 2>/dev/null || echo '?')" \
         --field "model=$MODEL" --field "workloads=$WORKLOADS" --field "budgets=$BUDGETS" \
         --field "systems=$SYSTEMS" --field "total_budget_s=$TOTAL_BUDGET_S" --field "fake=$FAKE" \
         --field "command=$knobs OUT=... bash bench/run.sh"
