@@ -53,7 +53,7 @@ static bool next_job(struct fs_executor *x, struct fs_exec_job *job)
 static void start_jobs(struct fs_executor *x)
 {
     struct fs_exec_job job;
-    while (!x->stop && x->inflight < x->nslots && next_job(x, &job)) {
+    while (!x->stop && (x->nslots == 0 || x->inflight < x->nslots) && next_job(x, &job)) {
         struct fs_exec_slot *slot = NULL;
         for (int i = 0; i < x->nslots && !slot; i++)
             if (!x->slots[i].busy)
@@ -61,12 +61,14 @@ static void start_jobs(struct fs_executor *x)
         uint64_t gen = x->q_gen;
         pthread_mutex_unlock(&x->lock);
         int rc = capture_in_progress(x) ? FS_ERR_NOT_READY
-                                        : fs_res_move_begin(x->res, job.id, job.evict, &slot->m);
+                 : slot                 ? fs_res_move_begin(x->res, job.id, job.evict, &slot->m)
+                                        : FS_ERR_UNSUPPORTED; /* no slots: one at a time */
         pthread_mutex_lock(&x->lock);
         if (rc == FS_ERR_NOT_READY && x->inflight > 0) {
             if (x->q_gen == gen) { /* else the plan it came from was dropped meanwhile */
                 x->held = job;
                 x->has_held = true;
+                x->held_at = x->completions; /* retried once a move has ended */
             }
             return;
         }
@@ -77,6 +79,10 @@ static void start_jobs(struct fs_executor *x)
             x->stats.overlapped++;
             if ((uint64_t)x->inflight > x->stats.max_inflight)
                 x->stats.max_inflight = (uint64_t)x->inflight;
+            struct fs_exec_finisher *f = &x->fin[job.evict ? 0 : 1];
+            f->ring[(f->head + f->len) % FS_EXEC_MOVES_INFLIGHT] = (int)(slot - x->slots);
+            f->len++;
+            pthread_cond_signal(&f->wake);
             continue;
         }
         if (rc == FS_ERR_UNSUPPORTED || (rc == FS_ERR_NOT_READY && !job.evict)) {
@@ -92,22 +98,20 @@ static void start_jobs(struct fs_executor *x)
     }
 }
 
-/* End the moves in flight that are done; with WAIT, at least one (lock not held). */
-static int end_moves(struct fs_executor *x, bool wait, struct fs_exec_job *ended, int *rcs)
+/* Can the mover start something now (lock held)? A held job waits for a move to end. */
+static bool can_start(const struct fs_executor *x)
 {
-    int n = 0;
-    for (int i = 0; i < x->nslots; i++) {
-        struct fs_exec_slot *slot = &x->slots[i];
-        if (!slot->busy)
-            continue;
-        int rc = fs_res_move_end(x->res, &slot->m, wait && n == 0);
-        if (rc == FS_ERR_NOT_READY)
-            continue;
-        slot->busy = false;
-        ended[n] = slot->job;
-        rcs[n++] = rc;
-    }
-    return n;
+    if (x->nslots > 0 && x->inflight >= x->nslots)
+        return false;
+    if (x->has_held)
+        return x->completions != x->held_at;
+    return x->q_len > 0;
+}
+
+/* Nothing queued, held or in flight (lock held). */
+static bool idle(const struct fs_executor *x)
+{
+    return x->q_len == 0 && !x->has_held && x->inflight == 0;
 }
 
 static void *mover_main(void *arg)
@@ -115,33 +119,59 @@ static void *mover_main(void *arg)
     struct fs_executor *x = arg;
     fs_thread_internal = true;
     fs_dev_call(x->res->dev, bind_thread);
-    struct fs_exec_job ended[FS_EXEC_MOVES_INFLIGHT];
-    int rcs[FS_EXEC_MOVES_INFLIGHT];
     pthread_mutex_lock(&x->lock);
     for (;;) {
-        while (!x->stop && x->q_len == 0 && !x->has_held && x->inflight == 0) {
+        while (!x->stop && !can_start(x)) {
             x->busy = false;
-            pthread_cond_broadcast(&x->done);
+            if (idle(x))
+                pthread_cond_broadcast(&x->done);
             pthread_cond_wait(&x->wake, &x->lock);
         }
+        if (x->stop)
+            break;
         x->busy = true;
         start_jobs(x);
-        if (x->inflight == 0) {
-            if (x->stop)
-                break;
-            continue;
-        }
-        /* Nothing more can start now: wait for a move to end (a job queued meanwhile starts
-         * after it, a few milliseconds at most). */
-        pthread_mutex_unlock(&x->lock);
-        int n = end_moves(x, true, ended, rcs);
-        pthread_mutex_lock(&x->lock);
-        x->inflight -= n;
-        for (int i = 0; i < n; i++)
-            job_done(x, &ended[i], rcs[i]);
+    }
+    /* Moves begun are ended by the finishers before they stop. */
+    while (x->inflight > 0)
+        pthread_cond_wait(&x->wake, &x->lock);
+    for (int i = 0; i < 2; i++) {
+        x->fin[i].stop = true;
+        pthread_cond_signal(&x->fin[i].wake);
     }
     x->busy = false;
     pthread_cond_broadcast(&x->done);
+    pthread_mutex_unlock(&x->lock);
+    return NULL;
+}
+
+/* A finisher ends the moves of one kind in the order they began (the order of their stream):
+ * it waits for each copy and remaps, so the mover keeps starting copies meanwhile, and an
+ * eviction's slow remap to host memory never holds back a prefetch's remap. */
+static void *finisher_main(void *arg)
+{
+    struct fs_exec_finisher *f = arg;
+    struct fs_executor *x = f->x;
+    fs_thread_internal = true;
+    fs_dev_call(x->res->dev, bind_thread);
+    pthread_mutex_lock(&x->lock);
+    for (;;) {
+        while (f->len == 0 && !f->stop)
+            pthread_cond_wait(&f->wake, &x->lock);
+        if (f->len == 0)
+            break;
+        struct fs_exec_slot *slot = &x->slots[f->ring[f->head]];
+        f->head = (f->head + 1) % FS_EXEC_MOVES_INFLIGHT;
+        f->len--;
+        pthread_mutex_unlock(&x->lock);
+        int rc = fs_res_move_end(x->res, &slot->m, true);
+        pthread_mutex_lock(&x->lock);
+        slot->busy = false;
+        x->inflight--;
+        x->completions++;
+        job_done(x, &slot->job, rc);
+        pthread_cond_signal(&x->wake);
+    }
     pthread_mutex_unlock(&x->lock);
     return NULL;
 }
@@ -199,7 +229,26 @@ int fs_exec_init(struct fs_executor *x, struct fs_residency *res)
     pthread_mutex_init(&x->lock, NULL);
     pthread_cond_init(&x->wake, NULL);
     pthread_cond_init(&x->done, NULL);
-    if (pthread_create(&x->mover, NULL, mover_main, x) != 0) {
+    int nfin = 0;
+    for (; nfin < 2; nfin++) {
+        x->fin[nfin].x = x;
+        pthread_cond_init(&x->fin[nfin].wake, NULL);
+        if (pthread_create(&x->fin[nfin].thread, NULL, finisher_main, &x->fin[nfin]) != 0) {
+            pthread_cond_destroy(&x->fin[nfin].wake);
+            break;
+        }
+    }
+    if (nfin < 2 || pthread_create(&x->mover, NULL, mover_main, x) != 0) {
+        pthread_mutex_lock(&x->lock);
+        for (int i = 0; i < nfin; i++) {
+            x->fin[i].stop = true;
+            pthread_cond_signal(&x->fin[i].wake);
+        }
+        pthread_mutex_unlock(&x->lock);
+        for (int i = 0; i < nfin; i++) {
+            pthread_join(x->fin[i].thread, NULL);
+            pthread_cond_destroy(&x->fin[i].wake);
+        }
         slots_destroy(x);
         pthread_cond_destroy(&x->done);
         pthread_cond_destroy(&x->wake);
@@ -242,7 +291,9 @@ void fs_exec_shutdown(struct fs_executor *x)
     pthread_cond_broadcast(&x->done); /* a launch waiting for a prefetch goes on */
     pthread_cond_signal(&x->wake);
     pthread_mutex_unlock(&x->lock);
-    pthread_join(x->mover, NULL);
+    pthread_join(x->mover, NULL); /* it waits for the moves in flight and stops the finishers */
+    for (int i = 0; i < 2; i++)
+        pthread_join(x->fin[i].thread, NULL);
     x->mover_started = false;
     x->mover_joined = true;
 }
@@ -254,6 +305,8 @@ void fs_exec_destroy(struct fs_executor *x)
     fs_exec_shutdown(x);
     free_plan(x);
     slots_destroy(x);
+    for (int i = 0; i < 2; i++)
+        pthread_cond_destroy(&x->fin[i].wake);
     pthread_cond_destroy(&x->done);
     pthread_cond_destroy(&x->wake);
     pthread_mutex_destroy(&x->lock);
@@ -628,7 +681,7 @@ bool fs_exec_take_give_up(struct fs_executor *x)
 void fs_exec_drain(struct fs_executor *x)
 {
     pthread_mutex_lock(&x->lock);
-    while (x->q_len > 0 || x->busy)
+    while (!idle(x) || x->busy)
         pthread_cond_wait(&x->done, &x->lock);
     pthread_mutex_unlock(&x->lock);
 }

@@ -69,6 +69,18 @@ struct fs_exec_job {
     bool evict;
 };
 
+struct fs_executor;
+
+/* A thread that ends moves of one kind (evictions or prefetches) in the order they began. */
+struct fs_exec_finisher {
+    struct fs_executor *x;
+    pthread_t thread;
+    pthread_cond_t wake;
+    int ring[FS_EXEC_MOVES_INFLIGHT]; /* slot indices */
+    int head, len;
+    bool stop;
+};
+
 /* A move in flight on the mover. */
 struct fs_exec_slot {
     struct fs_exec_job job;
@@ -110,6 +122,9 @@ struct fs_executor {
     int inflight;            /* busy slots (mover thread only) */
     struct fs_exec_job held; /* a job taken off the queue that waits for moves in flight */
     bool has_held;
+    uint64_t completions;    /* moves ended so far; held_at: the count when HELD was held */
+    uint64_t held_at;
+    struct fs_exec_finisher fin[2]; /* [0] evictions, [1] prefetches */
     uint64_t q_gen;          /* changes whenever the queue is emptied or replaced */
     struct fs_exec_stats stats;
 };
