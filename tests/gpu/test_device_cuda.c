@@ -17,6 +17,7 @@
 #include "cuda_api.h"
 #include "device.h"
 #include "fs.h"
+#include "fingerprint.h"
 #include "log.h"
 
 #define MiB ((uint64_t)1 << 20)
@@ -157,6 +158,51 @@ out:
     return gbs;
 }
 
+/* Remapping host memory from several threads at once (the plan's finishers and the program's
+ * thread do it side by side): each thread maps and unmaps its own host-located block at its own
+ * VA, REPS times. */
+struct remap_arg {
+    struct fs_device *dev;
+    fs_phys phys;
+    fs_dptr va;
+    uint64_t size;
+    int reps, err;
+};
+
+static void *remap_main(void *p)
+{
+    struct remap_arg *a = p;
+    a->err = a->dev->ops->bind_thread(a->dev);
+    for (int i = 0; i < a->reps && a->err == FS_OK; i++) {
+        a->err = fs_dev_call(a->dev, map, a->va, a->size, a->phys, 0);
+        if (a->err == FS_OK)
+            a->err = fs_dev_call(a->dev, unmap, a->va, a->size);
+    }
+    return NULL;
+}
+
+/* GiB per second of host map + unmap with NTHREADS threads, 0 on failure. */
+static double time_remaps(struct remap_arg *args, int nthreads)
+{
+    pthread_t th[8];
+    uint64_t t0 = fs_now_ns();
+    int started = 0;
+    for (; started < nthreads; started++)
+        if (pthread_create(&th[started], NULL, remap_main, &args[started]) != 0)
+            break;
+    bool ok = started == nthreads;
+    for (int i = 0; i < started; i++) {
+        pthread_join(th[i], NULL);
+        ok = ok && args[i].err == FS_OK;
+    }
+    double sec = (double)(fs_now_ns() - t0) / 1e9;
+    double gib = 0;
+    for (int i = 0; i < nthreads; i++)
+        gib += (double)args[i].size * args[i].reps / (double)(1ull << 30);
+    CHECK(ok, "host remaps from %d thread(s)", nthreads);
+    return ok && sec > 0 ? gib / sec : 0.0;
+}
+
 int main(int argc, char **argv)
 {
     struct fs_device *dev = NULL;
@@ -272,6 +318,67 @@ int main(int argc, char **argv)
                     CHECK(all_words(back, SZ, 0xC0FFEE00u),
                           "A (device again) holds the data written while host-located");
             }
+        }
+    }
+
+    /* ---- fingerprints (core/fingerprint.cu): the GPU computes what the host computes -------- */
+    {
+        uint64_t *parts = NULL, *want = malloc(FS_FP_PARTS_BYTES);
+        fill_pattern(pat, SZ, 0x600dcafeu);
+        if (want && OK(dev, fs_dev_call(dev, host_alloc, FS_FP_PARTS_BYTES, (void **)&parts),
+                       "host_alloc fingerprint parts") &&
+            htod(va_a, pat, SZ, "pattern into A for fingerprints")) {
+            fs_fp_host(pat, SZ, want);
+            struct fs_fp ref = fs_fp_combine(want);
+            OK(dev, fs_dev_call(dev, fingerprint, va_a, SZ, s1, parts), "fingerprint A (device)");
+            OK(dev, fs_dev_call(dev, stream_sync, s1), "stream_sync s1");
+            CHECK(fs_fp_equal(fs_fp_combine(parts), ref),
+                  "GPU fingerprint of 64 MiB equals the host's");
+            /* One word changed in the last 16 bytes. */
+            CUresult r = fs_cuda.cuMemsetD32((CUdeviceptr)(va_a + SZ - 4), 0x12345678u, 1);
+            CHECK(r == CUDA_SUCCESS, "cuMemsetD32 one word -> %s", fs_cuda_errstr(r));
+            OK(dev, fs_dev_call(dev, fingerprint, va_a, SZ, s1, parts), "fingerprint A again");
+            OK(dev, fs_dev_call(dev, stream_sync, s1), "stream_sync s1");
+            CHECK(!fs_fp_equal(fs_fp_combine(parts), ref), "one changed word changes it");
+            /* Speed: what a clean eviction costs instead of a copy back. */
+            const int reps = 20;
+            uint64_t t0 = fs_now_ns();
+            for (int i = 0; i < reps; i++)
+                fs_dev_call(dev, fingerprint, va_a, SZ, s1, parts);
+            OK(dev, fs_dev_call(dev, stream_sync, s1), "stream_sync s1");
+            double sec = (double)(fs_now_ns() - t0) / 1e9;
+            printf("INFO fingerprint: %.0f GB/s over 64 MiB (%d runs)\n",
+                   (double)SZ * reps / sec / 1e9, reps);
+        }
+        if (parts)
+            fs_dev_call(dev, host_free, parts);
+        free(want);
+    }
+
+    /* ---- host remaps from several threads (the finishers' case) ---------------------------- */
+    {
+        enum { NT = 4, REPS = 8 };
+        const uint64_t RSZ = 128 * MiB;
+        struct remap_arg ra[NT];
+        memset(ra, 0, sizeof(ra));
+        bool ready = true;
+        for (int i = 0; i < NT && ready; i++) {
+            ra[i] = (struct remap_arg){.dev = dev, .size = RSZ, .reps = REPS};
+            ready = OK(dev, fs_dev_call(dev, phys_create, RSZ, FS_LOC_HOST, &ra[i].phys),
+                       "phys_create host 128 MiB (remap threads)") &&
+                    OK(dev, fs_dev_call(dev, va_reserve, RSZ, &ra[i].va), "va_reserve 128 MiB");
+        }
+        if (ready) {
+            double one = time_remaps(ra, 1);
+            double four = time_remaps(ra, NT);
+            printf("INFO host map+unmap: %.1f GiB/s from 1 thread, %.1f GiB/s from %d threads "
+                   "(%.2fx)\n", one, four, NT, one > 0 ? four / one : 0.0);
+        }
+        for (int i = 0; i < NT; i++) {
+            if (ra[i].va)
+                fs_dev_call(dev, va_release, ra[i].va, RSZ);
+            if (ra[i].phys)
+                fs_dev_call(dev, phys_release, ra[i].phys);
         }
     }
 
