@@ -247,10 +247,19 @@ static int start_planning(const struct fs_config *cfg, uint64_t budget)
     return FS_OK;
 }
 
-static int start_locked(void)
+/* The device to manage: FLEXTENSOR_DEVICE when set, else WANT, the device of the program's first
+ * call that starts the engine (each process of a torchrun job then manages its own), else 0. */
+static int device_to_manage(const struct fs_config *cfg, int want)
+{
+    if (cfg->v[FS_P_DEVICE].src != FS_SRC_DEFAULT || want < 0)
+        return (int)fs_config_u64(cfg, FS_P_DEVICE);
+    return want;
+}
+
+static int start_locked(int want)
 {
     const struct fs_config *cfg = fs_engine_config();
-    int ordinal = (int)fs_config_u64(cfg, FS_P_DEVICE);
+    int ordinal = device_to_manage(cfg, want);
     int rc = FS_OK;
     if (!eng.dev) {
         rc = fs_device_cuda_open(ordinal, &eng.dev);
@@ -314,8 +323,8 @@ fail_dev:
     return rc;
 }
 
-/* Start on first use; FS_OK once started. */
-static int ensure_started(void)
+/* Start on first use (WANT: the device the call is about, -1 unknown); FS_OK once started. */
+static int ensure_started(int want)
 {
     int state = __atomic_load_n(&eng.start_state, __ATOMIC_ACQUIRE);
     if (FS_LIKELY(state == STARTED))
@@ -325,7 +334,7 @@ static int ensure_started(void)
     pthread_mutex_lock(&eng.start_lock);
     state = __atomic_load_n(&eng.start_state, __ATOMIC_ACQUIRE);
     if (state == NOT_STARTED) {
-        state = start_locked() == FS_OK ? STARTED : START_FAILED;
+        state = start_locked(want) == FS_OK ? STARTED : START_FAILED;
         __atomic_store_n(&eng.start_state, state, __ATOMIC_RELEASE);
     }
     pthread_mutex_unlock(&eng.start_lock);
@@ -341,14 +350,14 @@ int fs_engine_alloc(uint64_t size, int ordinal, uint64_t *ptr_out)
 {
     if (!eng.active || size < fs_config_u64(&eng.cfg, FS_P_MIN_OFFLOAD_BYTES))
         return FS_ERR_UNSUPPORTED;
-    if (ordinal != (int)fs_config_u64(&eng.cfg, FS_P_DEVICE)) {
+    if (ensure_started(ordinal) != FS_OK)
+        return FS_ERR_UNSUPPORTED;
+    if (ordinal != eng.dev->props.ordinal) {
         FS_LOG_ONCE(FS_LOG_WARN, "allocations on device %d pass through unmanaged: flexshim "
                     "manages one device per process, device %d (set FLEXTENSOR_DEVICE)",
-                    ordinal, (int)fs_config_u64(&eng.cfg, FS_P_DEVICE));
+                    ordinal, eng.dev->props.ordinal);
         return FS_ERR_UNSUPPORTED;
     }
-    if (ensure_started() != FS_OK)
-        return FS_ERR_UNSUPPORTED;
     fs_dptr va;
     int rc = fs_res_alloc(&eng.res, size, &va);
     if (rc != FS_OK) {
@@ -395,9 +404,10 @@ bool fs_engine_owns(uint64_t ptr, int *ordinal)
     return true;
 }
 
-int fs_engine_mem_info(uint64_t *free_bytes, uint64_t *total_bytes)
+int fs_engine_mem_info(int ordinal, uint64_t *free_bytes, uint64_t *total_bytes)
 {
-    if (fs_config_u64(&eng.cfg, FS_P_MEMINFO_VIEW) != 0 || ensure_started() != FS_OK)
+    if (fs_config_u64(&eng.cfg, FS_P_MEMINFO_VIEW) != 0 || ensure_started(ordinal) != FS_OK ||
+        (ordinal >= 0 && ordinal != eng.dev->props.ordinal))
         return FS_ERR_UNSUPPORTED;
     uint64_t dev_free, dev_total;
     int rc = fs_dev_call(eng.dev, mem_info, &dev_free, &dev_total);

@@ -58,9 +58,9 @@ int fs_engine_free(uint64_t ptr);
 /* Is PTR inside a managed allocation? Its device ordinal in *ORDINAL. */
 bool fs_engine_owns(uint64_t ptr, int *ordinal);
 
-/* Free and total memory as the program should see them (MEMINFO_VIEW). FS_ERR_UNSUPPORTED: pass
- * the query through. */
-int fs_engine_mem_info(uint64_t *free_bytes, uint64_t *total_bytes);
+/* Free and total memory of device ORDINAL (-1: unknown) as the program should see them
+ * (MEMINFO_VIEW). FS_ERR_UNSUPPORTED: pass the query through (another device, or not managed). */
+int fs_engine_mem_info(int ordinal, uint64_t *free_bytes, uint64_t *total_bytes);
 
 /* Launch notifications (see launch.h); cheap no-ops until the engine has started. */
 void fs_engine_launch_enter(const struct fs_launch_desc *d, struct fs_launch_ticket *t);

@@ -30,6 +30,9 @@ cudaError_t fs_to_cuda_rt(int err);
 /* An engine result as a CUDA driver error. */
 CUresult fs_to_cuda_drv(int err);
 
+/* The runtime's current device of the calling thread (-1 when it cannot be told). */
+int fs_hook_current_device(void);
+
 /* Logged once when the real runtime function cannot be found (no libcudart in the process). */
 cudaError_t fs_hook_missing_real(const char *name);
 

@@ -3,8 +3,7 @@
 #include "hook.h"
 #include "log.h"
 
-/* The device the calling thread allocates on (the runtime's current device). */
-static int current_device(void)
+int fs_hook_current_device(void)
 {
     int dev = 0;
     __typeof__(&cudaGetDevice) get = FS_CUDART(cudaGetDevice);
@@ -23,7 +22,7 @@ FS_EXPORT cudaError_t cudaMalloc(void **devPtr, size_t size)
         return real(devPtr, size);
     }
     uint64_t ptr = 0;
-    int rc = fs_engine_active() ? fs_engine_alloc(size, current_device(), &ptr)
+    int rc = fs_engine_active() ? fs_engine_alloc(size, fs_hook_current_device(), &ptr)
                                 : FS_ERR_UNSUPPORTED;
     cudaError_t res;
     if (rc == FS_ERR_UNSUPPORTED) {
@@ -62,7 +61,7 @@ FS_EXPORT cudaError_t cudaMallocPitch(void **devPtr, size_t *pitch, size_t width
     if (res == cudaSuccess) {
         real_free(probe);
         uint64_t ptr = 0;
-        int rc = fs_engine_alloc((uint64_t)p * height, current_device(), &ptr);
+        int rc = fs_engine_alloc((uint64_t)p * height, fs_hook_current_device(), &ptr);
         if (rc == FS_OK) {
             *devPtr = (void *)(uintptr_t)ptr;
             *pitch = p;

@@ -15,7 +15,7 @@ FS_EXPORT cudaError_t cudaMemGetInfo(size_t *free_bytes, size_t *total)
     /* The runtime call first: it initializes the context and reports errors the program expects. */
     cudaError_t res = real(free_bytes, total);
     uint64_t f, t;
-    if (res == cudaSuccess && fs_engine_mem_info(&f, &t) == FS_OK) {
+    if (res == cudaSuccess && fs_engine_mem_info(fs_hook_current_device(), &f, &t) == FS_OK) {
         *free_bytes = f;
         *total = t;
     }
@@ -97,7 +97,9 @@ FS_EXPORT CUresult cuMemGetInfo(size_t *free_bytes, size_t *total)
         return CUDA_ERROR_NOT_INITIALIZED;
     CUresult res = fs_cuda.cuMemGetInfo(free_bytes, total);
     uint64_t f, t;
-    if (res == CUDA_SUCCESS && fs_hook_depth == 0 && fs_engine_mem_info(&f, &t) == FS_OK) {
+    CUdevice ctx_dev;
+    int ordinal = fs_cuda.cuCtxGetDevice(&ctx_dev) == CUDA_SUCCESS ? (int)ctx_dev : -1;
+    if (res == CUDA_SUCCESS && fs_hook_depth == 0 && fs_engine_mem_info(ordinal, &f, &t) == FS_OK) {
         *free_bytes = f;
         *total = t;
     }

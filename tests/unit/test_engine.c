@@ -62,17 +62,17 @@ static void test_mem_info_reports_the_budget(void **state)
     char *envp[] = {"FLEXTENSOR_CONFIG=", "FLEXTENSOR_GPU_MEMORY_LIMIT=256MiB", NULL};
     start(dev, envp);
     uint64_t f, t, p;
-    assert_int_equal(fs_engine_mem_info(&f, &t), FS_OK);
+    assert_int_equal(fs_engine_mem_info(0, &f, &t), FS_OK);
     assert_int_equal(t, 256 * MIB);
     assert_int_equal(f, 256 * MIB);
     assert_int_equal(fs_engine_alloc(100 * MIB, 0, &p), FS_OK);
-    assert_int_equal(fs_engine_mem_info(&f, &t), FS_OK);
+    assert_int_equal(fs_engine_mem_info(0, &f, &t), FS_OK);
     assert_int_equal(f, 156 * MIB);
     /* Beyond the budget it still succeeds; free never goes below zero. */
     uint64_t q, r;
     assert_int_equal(fs_engine_alloc(200 * MIB, 0, &q), FS_OK);
     assert_int_equal(fs_engine_alloc(300 * MIB, 0, &r), FS_OK);
-    assert_int_equal(fs_engine_mem_info(&f, &t), FS_OK);
+    assert_int_equal(fs_engine_mem_info(0, &f, &t), FS_OK);
     /* The 300 MiB one can never fit: it starts on host without evicting the 200 MiB one. */
     assert_int_equal(f, 56 * MIB);
     struct fs_engine_stats es;
@@ -89,7 +89,7 @@ static void test_mem_info_device_view_passes_through(void **state)
     char *envp[] = {"FLEXTENSOR_CONFIG=", "FLEXTENSOR_MEMINFO_VIEW=device", NULL};
     start(dev, envp);
     uint64_t f, t;
-    assert_int_equal(fs_engine_mem_info(&f, &t), FS_ERR_UNSUPPORTED);
+    assert_int_equal(fs_engine_mem_info(0, &f, &t), FS_ERR_UNSUPPORTED);
     stop(dev);
 }
 
@@ -100,7 +100,7 @@ static void test_percentage_budget(void **state)
     char *envp[] = {"FLEXTENSOR_CONFIG=", "FLEXTENSOR_GPU_MEMORY_LIMIT=25%", NULL};
     start(dev, envp);
     uint64_t f, t;
-    assert_int_equal(fs_engine_mem_info(&f, &t), FS_OK);
+    assert_int_equal(fs_engine_mem_info(0, &f, &t), FS_OK);
     assert_int_equal(t, 512 * MIB); /* 25% of the 2 GiB simulated device */
     stop(dev);
 }
@@ -120,6 +120,10 @@ static void test_other_device_passes_through_and_says_so(void **state)
     const char *first = strstr(log, "allocations on device 1 pass through unmanaged");
     assert_non_null(first);
     assert_null(strstr(first + 1, "allocations on device 1")); /* once */
+    /* Memory queries about device 1 pass through too. */
+    uint64_t f, t;
+    assert_int_equal(fs_engine_mem_info(1, &f, &t), FS_ERR_UNSUPPORTED);
+    assert_int_equal(fs_engine_mem_info(0, &f, &t), FS_OK);
     stop(dev);
 }
 
