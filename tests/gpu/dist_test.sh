@@ -8,9 +8,10 @@
 # all, split over the ranks), a 512-token prefill and STEPS greedy decode steps with deterministic
 # kernels, plus an all_reduce probe on a 64 MiB buffer that is left idle during the model run
 # (evicted under a budget). Shimmed ranks are started through a small wrapper ($W/rank_env.sh)
-# that preloads dist/lib/libflexshim.so into the worker only (not into torchrun's agent), sets
-# FLEXTENSOR_DEVICE=LOCAL_RANK (each process manages its own device; DIST_DEVICE_PER_RANK=0
-# leaves it unset, as a plain `LD_PRELOAD=... torchrun` would) and gives each rank its own budget
+# that preloads dist/lib/libflexshim.so into the worker only (not into torchrun's agent), leaves
+# FLEXTENSOR_DEVICE unset as a plain `LD_PRELOAD=... torchrun` would (the shim then manages the
+# device of each process's first allocation; DIST_DEVICE_PER_RANK=1 sets FLEXTENSOR_DEVICE=
+# LOCAL_RANK instead) and gives each rank its own budget
 # (FLEXTENSOR_GPU_MEMORY_LIMIT, a fraction of that rank's weights as measured by the reference).
 # FLEXTENSOR_LOG_FILE=...-shim-rank{rank}.log for every shimmed run and, for the runs marked
 # "profile", FLEXTENSOR_PROFILE_OUT=...-prof-rank{rank}.json: each rank's file must appear (the
@@ -79,7 +80,7 @@ NCCL_RUNS=${NCCL_RUNS:-"q2:2:strict q4:4:strict q4t:4:tracked:profile"}
 GLOO_RUNS=${GLOO_RUNS:-"q2:2:strict q4:4:strict"}
 TP2_RUNS=${TP2_RUNS:-"q2:2:strict q4t:4:tracked:profile"}
 TP2_BACKEND=${TP2_BACKEND:-nccl}
-DIST_DEVICE_PER_RANK=${DIST_DEVICE_PER_RANK:-1}
+DIST_DEVICE_PER_RANK=${DIST_DEVICE_PER_RANK:-0}
 # For checks off the GPU machine only: RUN_ARGS="--cpu --layers 2 ..." (more dist_test.py run
 # options), GPUS=N (instead of counting nvidia-smi -L).
 export DIST_DEVICE_PER_RANK
@@ -110,12 +111,13 @@ pack() {
 cat >"$W/rank_env.sh" <<'EOF'
 #!/bin/sh
 # One rank of a torchrun job: flexshim preloaded into this worker (DIST_SHIM_LIB), managing this
-# rank's device (FLEXTENSOR_DEVICE=LOCAL_RANK unless set or DIST_DEVICE_PER_RANK=0), with this
+# rank's device (unset: the device of its first allocation; DIST_DEVICE_PER_RANK=1 sets
+# FLEXTENSOR_DEVICE=LOCAL_RANK), with this
 # rank's budget: word number RANK (from 0) of DIST_LIMITS.
 if [ -n "${DIST_SHIM_LIB:-}" ]; then
     LD_PRELOAD=$DIST_SHIM_LIB${LD_PRELOAD:+:$LD_PRELOAD}
     export LD_PRELOAD
-    if [ -z "${FLEXTENSOR_DEVICE:-}" ] && [ "${DIST_DEVICE_PER_RANK:-1}" != 0 ]; then
+    if [ -z "${FLEXTENSOR_DEVICE:-}" ] && [ "${DIST_DEVICE_PER_RANK:-0}" = 1 ]; then
         FLEXTENSOR_DEVICE=${LOCAL_RANK:-0}
         export FLEXTENSOR_DEVICE
     fi
