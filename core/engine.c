@@ -2,6 +2,7 @@
 
 #include <dlfcn.h>
 #include <pthread.h>
+#include <stdlib.h>
 #include <string.h>
 
 #include "executor.h"
@@ -212,6 +213,20 @@ static void stop_planning(void)
 }
 
 /* Discovery and planning (PROFILE_OUT), or a saved profile (PROFILE), and the plan executor. */
+/* Pin host memory for what the plan offloads now, while the program is still starting. */
+static void prepin_offloaded(const struct fs_profile *p)
+{
+    uint64_t *sizes = malloc((size_t)p->nallocs * sizeof(*sizes) + 1);
+    if (!sizes)
+        return;
+    int n = 0;
+    for (int i = 0; i < p->nallocs; i++)
+        if (!p->plan.entries[i].resident)
+            sizes[n++] = p->allocs[i].mapped;
+    fs_res_prepin(&eng.res, sizes, n);
+    free(sizes);
+}
+
 static int start_planning(const struct fs_config *cfg, uint64_t budget)
 {
     const char *in = fs_config_str(cfg, FS_P_PROFILE), *out = fs_config_str(cfg, FS_P_PROFILE_OUT);
@@ -240,6 +255,8 @@ static int start_planning(const struct fs_config *cfg, uint64_t budget)
         return rc;
     }
     eng.planning = true;
+    if (loaded && p.plan.entries)
+        prepin_offloaded(&p);
     if (loaded && p.plan.entries && fs_exec_install(&eng.exec, &p) != FS_OK)
         FS_WARN("%s: its plan does not fit its own profile; allocations are managed reactively",
                 in);

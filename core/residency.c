@@ -99,11 +99,16 @@ static void *pinner_main(void *arg)
     pthread_mutex_lock(&res->lock);
     while (!res->pinner_stop) {
         struct fs_alloc *a = host_deficit(res) > 0 ? pick_unbacked(res) : NULL;
-        if (!a) {
+        uint64_t id = 0, size;
+        if (a) {
+            id = a->id;
+            size = a->mapped;
+        } else if (res->prepin_next < res->nprepin) {
+            size = res->prepin[res->prepin_next++]; /* for the pool, no allocation yet */
+        } else {
             pthread_cond_wait(&res->pinner_wake, &res->lock);
             continue;
         }
-        uint64_t id = a->id, size = a->mapped;
         pthread_mutex_unlock(&res->lock);
         struct fs_block *b;
         int rc = fs_phys_block_create(res->dev, FS_LOC_HOST, size, &b); /* slow: no lock */
@@ -114,7 +119,8 @@ static void *pinner_main(void *arg)
             break;
         }
         fs_phys_pool_adopt(&res->host_pool, b);
-        a = find_by_id(res, id); /* it may have been freed or evicted meanwhile */
+        if (a)
+            a = find_by_id(res, id); /* it may have been freed or evicted meanwhile */
         if (a && !a->host)
             attach_host(res, a, b);
         else
@@ -122,6 +128,23 @@ static void *pinner_main(void *arg)
     }
     pthread_mutex_unlock(&res->lock);
     return NULL;
+}
+
+void fs_res_prepin(struct fs_residency *res, const uint64_t *sizes, int n)
+{
+    if (!res->pinner_started || n <= 0)
+        return;
+    uint64_t *copy = malloc((size_t)n * sizeof(*copy));
+    if (!copy)
+        return; /* pinned on demand, as without a plan */
+    memcpy(copy, sizes, (size_t)n * sizeof(*copy));
+    pthread_mutex_lock(&res->lock);
+    free(res->prepin);
+    res->prepin = copy;
+    res->nprepin = n;
+    res->prepin_next = 0;
+    pthread_cond_signal(&res->pinner_wake);
+    pthread_mutex_unlock(&res->lock);
 }
 
 /* Wake the pinner when the budget leaves allocations without host memory (lock held). */
@@ -204,6 +227,7 @@ void fs_res_destroy(struct fs_residency *res)
         pthread_mutex_unlock(&res->lock);
         pthread_join(res->pinner, NULL);
     }
+    free(res->prepin);
     fs_dev_call(res->dev, ctx_sync);
     for (int i = 0; i < res->nallocs; i++) {
         alloc_release_memory(res, res->allocs[i]);

@@ -114,6 +114,8 @@ struct fs_residency {
     bool pinner_started, pinner_stop;
     pthread_cond_t pinner_wake;
     uint64_t host_backed_bytes; /* host blocks attached to allocations */
+    uint64_t *prepin;           /* sizes of host blocks to pin ahead of any need (a plan's) */
+    int nprepin, prepin_next;
 };
 
 struct fs_res_config {
@@ -147,6 +149,12 @@ static inline struct fs_alloc *fs_res_lookup(const struct fs_residency *res, uin
  * queued holds it. */
 int fs_res_prefetch_id(struct fs_residency *res, uint64_t id);
 int fs_res_evict_id(struct fs_residency *res, uint64_t id);
+
+/* Pin host blocks of these SIZES (granularity multiples) into the pool in the background, ahead
+ * of need: a plan loaded at start-up knows which allocations it will evict, so the evictions
+ * during the program's start find their pinned memory ready instead of pinning on demand. A
+ * second call replaces what is left of the first; without the background pinner, nothing. */
+void fs_res_prepin(struct fs_residency *res, const uint64_t *sizes, int n);
 
 /* Asynchronous moves, for the plan's mover: several can be in flight, so write-backs,
  * prefetches and remaps overlap (both link directions busy; the CPU remaps one allocation while

@@ -1,6 +1,7 @@
 /* The residency engine on the simulated device: budget, eviction with write-back, fault-in
  * before launches, the quiet-range rule, parameter scanning, failure injection, threads. */
 #include <pthread.h>
+#include <unistd.h>
 
 #include "device_sim.h"
 #include "launch.h"
@@ -490,6 +491,44 @@ static void test_evict_and_make_resident(void **state)
     env_close(&e);
 }
 
+/* A plan known at start-up pins the host memory of what it will evict in the background, before
+ * the program allocates: the first evictions find their blocks in the pool. */
+static void test_prepin_fills_the_host_pool_ahead(void **state)
+{
+    (void)state;
+    struct env e;
+    struct fs_sim_config cfg = {.device_bytes = 4096 * MIB, .host_phys_supported = true};
+    assert_int_equal(fs_sim_open(&cfg, &e.dev), FS_OK);
+    struct fs_res_config rc = {.budget = 64 * MIB,
+                               .va_space_bytes = 64ull << 30,
+                               .background_pinning = true,
+                               .fingerprint = true};
+    assert_int_equal(fs_res_init(&e.res, e.dev, &rc), FS_OK);
+    assert_int_equal(fs_launch_init(e.dev), FS_OK);
+    uint64_t sizes[2] = {32 * MIB, 32 * MIB};
+    fs_res_prepin(&e.res, sizes, 2);
+    struct fs_res_stats st;
+    for (int i = 0; i < 2000; i++) { /* at most 2 s */
+        fs_res_get_stats(&e.res, &st);
+        if (st.host_bytes_held >= 64 * MIB)
+            break;
+        usleep(1000);
+    }
+    assert_int_equal(st.host_bytes_held, 64 * MIB);
+    uint64_t created = e.res.host_pool.blocks_created;
+    fs_dptr v[4];
+    for (int i = 0; i < 4; i++) { /* 128 MiB under 64: two evictions */
+        assert_int_equal(fs_res_alloc(&e.res, 32 * MIB, &v[i]), FS_OK);
+        fill(&e, v[i], 32 * MIB, (uint32_t)i);
+    }
+    fs_res_get_stats(&e.res, &st);
+    assert_true(st.evictions >= 2);
+    assert_int_equal(e.res.host_pool.blocks_created, created); /* nothing pinned on demand */
+    for (int i = 0; i < 4; i++)
+        check(&e, v[i], 32 * MIB, (uint32_t)i, 0);
+    env_close(&e);
+}
+
 /* Write-back is skipped only for data proven unchanged: evicting data that nothing touched since
  * the fault-in copies nothing back; a kernel's change, a host write through the VA or a single
  * changed word anywhere makes the next eviction copy, and the data read afterwards is the new one.
@@ -690,6 +729,7 @@ int main(void)
         cmocka_unit_test(test_threads_under_pressure),
         cmocka_unit_test(test_free_returns_memory_and_rejects_interior),
         cmocka_unit_test(test_evict_and_make_resident),
+        cmocka_unit_test(test_prepin_fills_the_host_pool_ahead),
         cmocka_unit_test(test_clean_eviction_skips_write_back),
         cmocka_unit_test(test_write_back_always_without_fingerprints),
         cmocka_unit_test(test_stress_strict),
