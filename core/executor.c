@@ -2,6 +2,7 @@
 
 #include <stdlib.h>
 #include <string.h>
+#include <time.h>
 
 #include "log.h"
 #include "strategies/schedule.h"
@@ -23,7 +24,9 @@ static bool capture_in_progress(struct fs_executor *x)
 /* A job is over (lock held): a launch waiting for this prefetch may go on. */
 static void job_done(struct fs_executor *x, const struct fs_exec_job *job, int rc)
 {
-    if (!job->evict && job->id < (uint64_t)x->prof.nallocs && x->pending[job->id] > 0)
+    /* A job of a plan since replaced counts for nothing in the new plan's tables. */
+    if (!job->evict && job->gen == x->q_gen && job->id < (uint64_t)x->prof.nallocs &&
+        x->pending[job->id] > 0)
         x->pending[job->id]--;
     pthread_cond_broadcast(&x->done);
     if (rc == FS_ERR_NOT_READY)
@@ -164,6 +167,9 @@ static void *finisher_main(void *arg)
         f->head = (f->head + 1) % FS_EXEC_MOVES_INFLIGHT;
         f->len--;
         pthread_mutex_unlock(&x->lock);
+        /* Nothing may synchronize or remap while the program captures a graph. */
+        while (capture_in_progress(x))
+            nanosleep(&(struct timespec){.tv_nsec = 1000000}, NULL);
         int rc = fs_res_move_end(x->res, &slot->m, true);
         pthread_mutex_lock(&x->lock);
         slot->busy = false;
@@ -183,7 +189,7 @@ static void queue_move(struct fs_executor *x, uint64_t id, bool evict)
         x->stats.dropped++;
         return;
     }
-    x->q[(x->q_head + x->q_len) % x->q_cap] = (struct fs_exec_job){id, evict};
+    x->q[(x->q_head + x->q_len) % x->q_cap] = (struct fs_exec_job){id, evict, x->q_gen};
     x->q_len++;
     if (!evict && id < (uint64_t)x->prof.nallocs)
         x->pending[id]++;
@@ -452,6 +458,7 @@ int fs_exec_install(struct fs_executor *x, struct fs_profile *p)
     x->stats.plans++;
     fs_res_expect_moves(x->res);
     __atomic_store_n(&x->running, 1, __ATOMIC_RELEASE);
+    pthread_cond_broadcast(&x->done); /* launches waiting for the old plan's prefetches */
     pthread_mutex_unlock(&x->lock);
     return FS_OK;
 }
@@ -647,7 +654,9 @@ void fs_exec_launch_enter(struct fs_executor *x, struct fs_launch_ticket *t)
             continue;
         }
         x->stats.late++;
-        while (fs_exec_running(x) && x->pending[a->id] > 0)
+        /* The plan may be replaced while this waits: check the bound again each time. */
+        while (fs_exec_running(x) && a->id < (uint64_t)x->prof.nallocs &&
+               x->pending[a->id] > 0)
             pthread_cond_wait(&x->done, &x->lock);
         if (!fs_exec_running(x))
             break;

@@ -67,6 +67,7 @@ struct fs_exec_stats {
 struct fs_exec_job {
     uint64_t id;
     bool evict;
+    uint64_t gen; /* the queue generation (q_gen) it was queued in */
 };
 
 struct fs_executor;

@@ -288,9 +288,17 @@ static int quiesce_on(struct fs_residency *res, struct fs_alloc *a, fs_stream or
         if (LOAD(&a->touch_epoch) < synced && LOAD(&res->unknown_epoch) < synced)
             return FS_OK; /* untouched since a full synchronize */
         struct fs_shared_event *e = a->last_use;
-        if (LOAD(&res->unknown_epoch) < synced && e && a->event_tick >= LOAD(&a->last_tick))
-            return order_on ? fs_dev_call(res->dev, stream_wait_event, order_on, e->ev)
-                            : fs_dev_call(res->dev, event_sync, e->ev);
+        if (LOAD(&res->unknown_epoch) < synced && e && a->event_tick >= LOAD(&a->last_tick)) {
+            if (!order_on)
+                return fs_dev_call(res->dev, event_sync, e->ev);
+            /* Waiting on an event recorded in a capture would pull our stream into the
+             * program's graph: try again once the capture is over. */
+            bool capturing = false;
+            if (fs_dev_call(res->dev, stream_capturing, e->stream, &capturing) != FS_OK ||
+                capturing)
+                return FS_ERR_NOT_READY;
+            return fs_dev_call(res->dev, stream_wait_event, order_on, e->ev);
+        }
     }
     STAT(res, quiesce_syncs, 1);
     /* The new epoch starts before the synchronize: a launch stamped with an older one was
@@ -304,7 +312,8 @@ static int quiesce_on(struct fs_residency *res, struct fs_alloc *a, fs_stream or
 
 static void quiesce_end(struct fs_residency *res)
 {
-    __atomic_sub_fetch(&res->gate, 1, __ATOMIC_SEQ_CST);
+    if (__atomic_sub_fetch(&res->gate, 1, __ATOMIC_SEQ_CST) == 0)
+        pthread_cond_broadcast(&res->moved); /* launches waiting at the gate (lock held) */
 }
 
 /* Replace A's mapping FROM by TO; on failure map FROM again so the VA stays mapped. */
@@ -638,6 +647,16 @@ static bool gated(const struct fs_residency *res, bool unknown)
     return res->strict || unknown;
 }
 
+/* Wait until the gate is open (lock held). While a launch waits here no asynchronous move
+ * begins (gate_waiters), so the moves in flight end and the gate opens. */
+static void wait_gate_open(struct fs_residency *res)
+{
+    __atomic_add_fetch(&res->gate_waiters, 1, __ATOMIC_SEQ_CST);
+    while (__atomic_load_n(&res->gate, __ATOMIC_SEQ_CST) != 0)
+        pthread_cond_wait(&res->moved, &res->lock);
+    __atomic_sub_fetch(&res->gate_waiters, 1, __ATOMIC_SEQ_CST);
+}
+
 /* A gated launch counts as being queued, unless a remap is waiting at the gate. */
 static void enter_gate(struct fs_residency *res, bool unknown)
 {
@@ -648,7 +667,8 @@ static void enter_gate(struct fs_residency *res, bool unknown)
         if (__atomic_load_n(&res->gate, __ATOMIC_SEQ_CST) == 0)
             return;
         __atomic_sub_fetch(&res->launches_inflight, 1, __ATOMIC_SEQ_CST);
-        pthread_mutex_lock(&res->lock); /* the mover holds it until the remap is done */
+        pthread_mutex_lock(&res->lock);
+        wait_gate_open(res);
         pthread_mutex_unlock(&res->lock);
     }
 }
@@ -689,10 +709,20 @@ uint64_t fs_res_launch_begin(struct fs_residency *res, struct fs_alloc *const *a
         __atomic_sub_fetch(&allocs[i]->inflight, 1, __ATOMIC_SEQ_CST);
     leave_gate(res, unknown);
     pthread_mutex_lock(&res->lock);
+    /* Any wait drops the lock, and an asynchronous move may begin meanwhile on an allocation
+     * already looked at: start over after each, until one pass needs none. Moves begin only
+     * under the lock, so once a pass ends without waiting nothing in the list is moving. */
     for (int i = 0; i < n; i++) {
         struct fs_alloc *a = allocs[i];
-        while (LOAD(&a->state) == FS_RES_MOVING)
-            pthread_cond_wait(&res->moved, &res->lock);
+        if (LOAD(&a->state) == FS_RES_MOVING ||
+            (gated(res, unknown) && __atomic_load_n(&res->gate, __ATOMIC_SEQ_CST) != 0)) {
+            if (LOAD(&a->state) == FS_RES_MOVING)
+                pthread_cond_wait(&res->moved, &res->lock);
+            else
+                wait_gate_open(res);
+            i = -1;
+            continue;
+        }
         if (LOAD(&a->state) == FS_RES_HOST && !capturing &&
             fault_in_locked(res, a, allocs, n) == FS_OK) {
             STAT(res, faults, 1);
@@ -701,7 +731,8 @@ uint64_t fs_res_launch_begin(struct fs_residency *res, struct fs_alloc *const *a
             STAT(res, host_served, 1);
         }
     }
-    /* Under the lock nothing moves and the gate is open, so these holds need no handshake. */
+    /* Under the lock no move begins and, for a gated launch, the gate is open (checked in the
+     * pass above, and closed only under the lock), so these holds need no handshake. */
     if (gated(res, unknown))
         __atomic_add_fetch(&res->launches_inflight, 1, __ATOMIC_SEQ_CST);
     for (int i = 0; i < n; i++)
@@ -779,7 +810,9 @@ static int move_begin_evict(struct fs_residency *res, struct fs_res_move *m)
 
 int fs_res_move_begin(struct fs_residency *res, uint64_t id, bool evict, struct fs_res_move *m)
 {
-    if (res->strict || LOAD(&res->unknown_epoch) != 0)
+    /* A launch waiting at the gate: end the asynchronous moves so that the gate opens. */
+    if (res->strict || LOAD(&res->unknown_epoch) != 0 ||
+        __atomic_load_n(&res->gate_waiters, __ATOMIC_SEQ_CST) != 0)
         return FS_ERR_UNSUPPORTED;
     pthread_mutex_lock(&res->lock);
     struct fs_alloc *a = find_by_id(res, id);
@@ -831,6 +864,7 @@ int fs_res_move_begin(struct fs_residency *res, uint64_t id, bool evict, struct 
         goto undo_block;
     /* The gate stays closed until the move ends (for unknown launches only: none so far). */
     rc = quiesce_on(res, a, evict ? res->d2h : res->h2d);
+    bool queued = rc == FS_OK; /* from here on, work may be queued on our stream */
     if (rc == FS_OK) {
         if (evict) {
             rc = move_begin_evict(res, m);
@@ -843,13 +877,22 @@ int fs_res_move_begin(struct fs_residency *res, uint64_t id, bool evict, struct 
     if (rc == FS_OK)
         rc = fs_dev_call(res->dev, event_record, m->ev, evict ? res->d2h : res->h2d);
     if (rc != FS_OK) {
-        /* Queued work may still read the range: wait for it before giving the block back. */
-        fs_dev_call(res->dev, stream_sync, evict ? res->d2h : res->h2d);
+        /* Queued work may still write the block: wait for it before giving the block back;
+         * if even that fails, the block is never reused. */
+        if (queued && fs_dev_call(res->dev, stream_sync, evict ? res->d2h : res->h2d) != FS_OK &&
+            m->block) {
+            FS_WARN("a device block of %llu bytes is set aside: its copy may still be running",
+                    (unsigned long long)m->block->size);
+            m->block = NULL;
+        }
         quiesce_end(res);
         end_move(res, a, evict ? FS_RES_DEVICE : FS_RES_HOST);
-        STAT(res, failures, 1);
-        FS_WARN("%s allocation %llu (%llu bytes) failed (%s)", evict ? "evicting" : "prefetching",
-                (unsigned long long)a->id, (unsigned long long)a->size, fs_err_str(rc));
+        if (rc != FS_ERR_NOT_READY) { /* NOT_READY: a capture is running, try again later */
+            STAT(res, failures, 1);
+            FS_WARN("%s allocation %llu (%llu bytes) failed (%s)",
+                    evict ? "evicting" : "prefetching", (unsigned long long)a->id,
+                    (unsigned long long)a->size, fs_err_str(rc));
+        }
         goto undo_block;
     }
     if (evict)
@@ -933,10 +976,14 @@ int fs_res_move_end(struct fs_residency *res, struct fs_res_move *m, bool wait)
         end_move(res, a, FS_RES_DEVICE);
     } else {
         /* The copy may have failed half-way: the other side keeps the data; wait for the stream
-         * before the block goes back. */
-        fs_dev_call(res->dev, stream_sync, m->evict ? res->d2h : res->h2d);
-        if (m->block)
-            fs_phys_pool_put(&res->dev_pool, m->block);
+         * before the block goes back (never reused if that fails too). */
+        if (fs_dev_call(res->dev, stream_sync, m->evict ? res->d2h : res->h2d) == FS_OK) {
+            if (m->block)
+                fs_phys_pool_put(&res->dev_pool, m->block);
+        } else if (m->block) {
+            FS_WARN("a device block of %llu bytes is set aside: its copy may still be running",
+                    (unsigned long long)m->block->size);
+        }
         if (m->evict)
             a->fp_valid = false;
         STAT(res, failures, 1);

@@ -102,6 +102,7 @@ struct fs_residency {
     uint64_t tick;          /* launch counter, atomic */
     bool strict;            /* REMAP_SAFETY=strict */
     int gate;               /* strict: remaps waiting or running, atomic */
+    int gate_waiters;       /* launches waiting for the gate to open, atomic */
     int launches_inflight;  /* strict: launches between enter and exit, atomic */
     int pressure;           /* record last-use events (atomic); set at the first eviction */
     uint64_t *fp_parts;     /* fingerprint results (device-writable host memory); NULL: off */

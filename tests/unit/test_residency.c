@@ -529,6 +529,59 @@ static void test_prepin_fills_the_host_pool_ahead(void **state)
     env_close(&e);
 }
 
+/* A launch that waits in its slow path (here for B's prefetch) drops the lock; an asynchronous
+ * eviction of A, already looked at, may begin meanwhile. The launch must not take its holds while
+ * A moves: it waits for that move too and brings A back, so the remap never runs under its kernel
+ * (found in review: the simulator then reported an unsafe unmap). */
+struct race_arg {
+    struct env *e;
+    fs_dptr v[2];
+    struct kctx k;
+};
+
+static void *race_program(void *p)
+{
+    struct race_arg *r = p;
+    uint64_t sizes[2] = {8 * MIB, 8 * MIB};
+    launch(r->e, r->v, sizes, 2, 50000000, add_one, &r->k); /* long: still queued at a remap */
+    return NULL;
+}
+
+static void test_launch_waits_for_moves_begun_while_it_waited(void **state)
+{
+    (void)state;
+    struct env e;
+    env_open(&e, 256 * MIB, false);
+    struct race_arg r = {.e = &e, .k = {.words = (uint32_t)(8 * MIB / 4)}};
+    assert_int_equal(fs_res_alloc(&e.res, 8 * MIB, &r.v[0]), FS_OK);
+    assert_int_equal(fs_res_alloc(&e.res, 8 * MIB, &r.v[1]), FS_OK);
+    fill(&e, r.v[0], 8 * MIB, 1);
+    fill(&e, r.v[1], 8 * MIB, 2);
+    struct fs_alloc *A = fs_res_lookup(&e.res, r.v[0]), *B = fs_res_lookup(&e.res, r.v[1]);
+    assert_int_equal(fs_res_evict_id(&e.res, B->id), FS_OK);
+    struct fs_res_move mb = {0}, ma = {0};
+    assert_int_equal(fs_dev_call(e.dev, event_create, false, &mb.ev), FS_OK);
+    assert_int_equal(fs_dev_call(e.dev, event_create, false, &ma.ev), FS_OK);
+    assert_int_equal(fs_dev_call(e.dev, host_alloc, FS_FP_PARTS_BYTES, (void **)&mb.parts), FS_OK);
+    assert_int_equal(fs_dev_call(e.dev, host_alloc, FS_FP_PARTS_BYTES, (void **)&ma.parts), FS_OK);
+    assert_int_equal(fs_res_move_begin(&e.res, B->id, false, &mb), FS_OK);
+    pthread_t t;
+    assert_int_equal(pthread_create(&t, NULL, race_program, &r), 0);
+    usleep(100000); /* the program waits for B, its holds dropped */
+    assert_int_equal(fs_res_move_begin(&e.res, A->id, true, &ma), FS_OK);
+    assert_int_equal(fs_res_move_end(&e.res, &mb, true), FS_OK);
+    usleep(100000); /* it would take its holds now, were A not checked again */
+    assert_int_equal(fs_res_move_end(&e.res, &ma, true), FS_OK);
+    assert_int_equal(pthread_join(t, NULL), 0);
+    assert_int_equal(fs_dev_call(e.dev, ctx_sync), FS_OK);
+    check(&e, r.v[0], 8 * MIB, 1, 1); /* the kernel's +1 on A kept */
+    fs_dev_call(e.dev, event_destroy, mb.ev);
+    fs_dev_call(e.dev, event_destroy, ma.ev);
+    fs_dev_call(e.dev, host_free, mb.parts);
+    fs_dev_call(e.dev, host_free, ma.parts);
+    env_close(&e); /* no unsafe unmap, no illegal access */
+}
+
 /* Write-back is skipped only for data proven unchanged: evicting data that nothing touched since
  * the fault-in copies nothing back; a kernel's change, a host write through the VA or a single
  * changed word anywhere makes the next eviction copy, and the data read afterwards is the new one.
@@ -730,6 +783,7 @@ int main(void)
         cmocka_unit_test(test_free_returns_memory_and_rejects_interior),
         cmocka_unit_test(test_evict_and_make_resident),
         cmocka_unit_test(test_prepin_fills_the_host_pool_ahead),
+        cmocka_unit_test(test_launch_waits_for_moves_begun_while_it_waited),
         cmocka_unit_test(test_clean_eviction_skips_write_back),
         cmocka_unit_test(test_write_back_always_without_fingerprints),
         cmocka_unit_test(test_stress_strict),
