@@ -920,6 +920,9 @@ int fs_device_cuda_open(int ordinal, struct fs_device **out)
 
     dev->ops = &cuda_ops;
     dev->impl = c;
+    /* Compile the fingerprint kernel now, once, rather than on first use, which may be inside
+     * the program's launch callback or under the residency lock (a failure is said there). */
+    fp_load(c);
     *out = dev;
     return FS_OK;
 
