@@ -40,6 +40,9 @@ import sys
 import time
 import traceback
 
+sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "tests", "gpu"))
+import shimlog  # noqa: E402  (tests/gpu/shimlog.py: the shim log's format)
+
 MiB = 1 << 20
 GiB = 1 << 30
 # No network on the GPU machine: the model is built from a config, nothing is downloaded.
@@ -160,14 +163,6 @@ def launcher_age_s():
     try:
         return time.time() - float(os.environ["BENCH_T0"])
     except (KeyError, ValueError):
-        return None
-
-
-def shim_loaded():
-    try:
-        with open("/proc/self/maps") as f:
-            return "libflexshim" in f.read()
-    except OSError:
         return None
 
 
@@ -722,7 +717,7 @@ def main(argv=None):
         "system": args.system, "budget_pct": int(pct) if pct == int(pct) else pct,
         "budget_bytes": args.budget_bytes, "weight_bytes": args.weight_bytes,
         "iters": args.iters, "warmup": args.warmup, "seed": args.seed, "pid": os.getpid(),
-        "shim_loaded": shim_loaded(),
+        "shim_loaded": shimlog.loaded(),
         "shim_env": {k: v for k, v in sorted(os.environ.items()) if k.startswith("FLEXTENSOR_")},
         "time": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
     }

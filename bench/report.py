@@ -33,6 +33,9 @@ import sys
 import time
 from xml.sax.saxutils import escape
 
+sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "tests", "gpu"))
+import shimlog  # noqa: E402  (tests/gpu/shimlog.py: the shim log's format)
+
 MiB = 1 << 20
 GiB = 1 << 30
 SYSTEM_ORDER = ["noshim", "flexshim", "pipeline", "accelerate"]
@@ -74,12 +77,7 @@ def pct_key(p):
 
 
 # ---- the shim's log --------------------------------------------------------------------------
-SHIM_LINE = re.compile(r"^\[flexshim (\d+)\] (\w+): (.*)$")
-RES_RX = re.compile(r"residency: budget (.+?), device peak (.+?), pinned host (.+?); "
-                    r"(\d+) evictions \((\d+) bytes\), (\d+) fault-ins \((\d+) bytes\), (\d+) placed on host, "
-                    r"(\d+) host-served references, (\d+) forced synchronizes, (\d+) internal "
-                    r"failures")
-ALLOC_RX = re.compile(r"allocations: (\d+) managed \((\d+) bytes\), (\d+) passed through")
+SHIM_LINE, RES_RX, ALLOC_RX = shimlog.LINE, shimlog.RES, shimlog.ALLOC
 PLAN_COUNTERS = {
     "installed": r"plan: (\d+) installed",
     "followed": r"(\d+) launches followed",

@@ -61,13 +61,15 @@ import argparse
 import datetime
 import json
 import os
-import re
 import statistics
 import subprocess
 import sys
 import threading
 import time
 import traceback
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+import shimlog  # noqa: E402  (tests/gpu/shimlog.py: the shim log's format)
 
 MiB = 1 << 20
 STAGE = "start"
@@ -267,14 +269,6 @@ class TPLlama:
 
 
 # ---- run ----------------------------------------------------------------------------------------
-def shim_loaded():
-    try:
-        with open("/proc/self/maps") as f:
-            return "libflexshim" in f.read()
-    except OSError:
-        return None
-
-
 def pattern(torch, n, dev, factor):
     """N float32 values factor * (i mod 251): small integers, so every sum is exact."""
     return (torch.arange(n, device=dev, dtype=torch.int32) % 251).float().mul_(factor)
@@ -305,7 +299,7 @@ def cmd_run(a):
     os.environ.setdefault("MASTER_PORT", str(29500 + os.getpid() % 1000))
     base = f"{a.out}-rank{rank}"
     summary = {"rank": rank, "local_rank": local_rank, "world": world, "backend": a.backend,
-               "pid": os.getpid(), "out": base, "shim_loaded": shim_loaded(),
+               "pid": os.getpid(), "out": base, "shim_loaded": shimlog.loaded(),
                "flextensor_env": {k: v for k, v in sorted(os.environ.items())
                                   if k.startswith("FLEXTENSOR_")},
                "ld_preload": os.environ.get("LD_PRELOAD", "")}
@@ -627,75 +621,14 @@ def cmd_compare(a):
 
 
 # ---- shim log ----------------------------------------------------------------------------------
-PFX = re.compile(r"^\[flexshim (\d+)\] (\w+): (.*)$")
-ALLOC = re.compile(r"allocations: (\d+) managed \((\d+) bytes\), (\d+) passed through "
-                   r"\((\d+) bytes\); (\d+) frees")
-RES = re.compile(r"residency: budget (.+?), device peak (.+?), pinned host (.+?); (\d+) evictions "
-                 r"\((\d+) bytes\), (\d+) fault-ins \((\d+) bytes\), (\d+) placed on host, "
-                 r"(\d+) host-served references, (\d+) forced synchronizes, "
-                 r"(\d+) internal failures")
-LAUNCH = re.compile(r"launches: (\d+) seen, (\d+) referencing managed memory, (\d+) unknown "
-                    r"\(parameters unreadable\), (\d+) layout queries")
-
-
 def parse_shim_log(path):
-    """The exit counters of the process(es) in a shim log that managed something (else of any
-    with counters), summed; warn/error lines; lines naming NCCL; the plan and profile lines."""
-    kv = dict(found=0, pids=0, managed=0, managed_bytes=0, passthrough=0, passthrough_bytes=0,
-              frees=0, evictions=0, evicted_bytes=0, faults=0, faulted_bytes=0,
-              placed_on_host=0, host_served=0, syncs=0, failures=0, launches=0, with_refs=0,
-              unknown=0, layout_queries=0, warnings=0, errors=0, nccl_lines=0, lines=0)
-    out = {"kv": kv, "exit_lines": [], "warn": [], "nccl": [], "plan": [], "exists": False}
-    try:
-        lines = open(path, errors="replace").read().splitlines()
-        out["exists"] = True
-    except OSError as e:
-        out["error"] = str(e)
-        return out
-    kv["lines"] = len(lines)
-    per = {}
-    for line in lines:
-        m = PFX.match(line)
-        if not m:
-            continue
-        pid, level, text = m.groups()
-        d = per.setdefault(pid, {"lines": []})
-        if level in ("warn", "error"):
-            out["warn"].append(f"[{pid}] {level}: {text}")
-            kv["warnings" if level == "warn" else "errors"] += 1
-        if "nccl" in text.lower():
-            out["nccl"].append(line)
-            kv["nccl_lines"] += 1
-        if re.match(r"(plan|profile|discovery|profiling)\b", text):
-            out["plan"].append(line)
-        for key, rx in (("alloc", ALLOC), ("res", RES), ("launch", LAUNCH)):
-            mm = rx.match(text)
-            if mm:
-                d[key] = mm.groups()
-                d["lines"].append(line)
-    chosen = [p for p, d in per.items() if "alloc" in d and int(d["alloc"][0]) > 0]
-    if not chosen:
-        chosen = [p for p, d in per.items() if "alloc" in d]
-    kv["pids"] = len(chosen)
-    for p in chosen:
-        d = per[p]
-        out["exit_lines"] += d["lines"]
-        kv["found"] = 1
-        for k, v in zip(("managed", "managed_bytes", "passthrough", "passthrough_bytes", "frees"),
-                        d["alloc"]):
-            kv[k] += int(v)
-        if "res" in d:
-            r = d["res"]
-            kv["budget"] = r[0].replace(" ", "")
-            kv["device_peak"] = r[1].replace(" ", "")
-            kv["pinned_host"] = r[2].replace(" ", "")
-            for k, v in zip(("evictions", "evicted_bytes", "faults", "faulted_bytes",
-                             "placed_on_host", "host_served", "syncs", "failures"), r[3:]):
-                kv[k] += int(v)
-        if "launch" in d:
-            for k, v in zip(("launches", "with_refs", "unknown", "layout_queries"), d["launch"]):
-                kv[k] += int(v)
-    return out
+    """tests/gpu/shimlog.py's reading of a shim log; warn/error lines of every process of the
+    job, as "[pid] level: text", and counted."""
+    s = shimlog.parse(path)
+    s["warn"] = [f"[{pid}] {level}: {text}" for pid, level, text in s["warn_all"]]
+    s["kv"]["warnings"] = sum(1 for w in s["warn_all"] if w[1] == "warn")
+    s["kv"]["errors"] = sum(1 for w in s["warn_all"] if w[1] == "error")
+    return s
 
 
 def cmd_counters(a):

@@ -100,84 +100,30 @@ pack() {
 
 # Small helpers in Python: shim-log counters, JSON fields, comparisons of numbers.
 cat >"$WORK/helpers.py" <<'PYEOF'
-import json, re, sys
+import json, os, sys
 
-PFX = re.compile(r"^\[flexshim (\d+)\] (\w+): (.*)$")
-ALLOC = re.compile(r"allocations: (\d+) managed \((\d+) bytes\), (\d+) passed through "
-                   r"\((\d+) bytes\); (\d+) frees")
-RES = re.compile(r"residency: budget (.+?), device peak (.+?), pinned host (.+?); (\d+) evictions "
-                 r"\((\d+) bytes\), (\d+) fault-ins \((\d+) bytes\), (\d+) placed on host, "
-                 r"(\d+) host-served references, (\d+) forced synchronizes, (\d+) internal failures")
-LAUNCH = re.compile(r"launches: (\d+) seen, (\d+) referencing managed memory, (\d+) unknown "
-                    r"\(parameters unreadable\), (\d+) layout queries")
+sys.path.insert(0, os.path.join(os.environ["ROOT"], "tests", "gpu"))
+import shimlog  # the shim log's format
 
 
 def counters(path, want_pid=None):
     """Prints the shim's exit counters of the chosen process(es) and a COUNTERS key=value line
     (summed over the chosen processes)."""
-    per = {}
-    warn = []
-    try:
-        lines = open(path, errors="replace").read().splitlines()
-    except OSError as e:
-        print(f"  (no shim log: {e})")
-        lines = []
-    for line in lines:
-        m = PFX.match(line)
-        if not m:
-            continue
-        pid, level, text = m.group(1), m.group(2), m.group(3)
-        d = per.setdefault(pid, {"lines": []})
-        if level in ("warn", "error"):
-            warn.append((pid, level, text))
-        for key, rx in (("alloc", ALLOC), ("res", RES), ("launch", LAUNCH)):
-            mm = rx.match(text)
-            if mm:
-                d[key] = mm.groups()
-                d["lines"].append(line)
-    if want_pid:
-        chosen = [want_pid] if want_pid in per else []
-    else:
-        chosen = [p for p, d in per.items() if "alloc" in d and int(d["alloc"][0]) > 0]
-        if not chosen:
-            chosen = [p for p, d in per.items() if "alloc" in d]
-    kv = dict(found=0, pids=len(chosen), managed=0, managed_bytes=0, passthrough=0,
-              passthrough_bytes=0, frees=0, evictions=0, evicted_bytes=0, faults=0,
-              faulted_bytes=0, placed_on_host=0, host_served=0, syncs=0, failures=0,
-              launches=0, with_refs=0, unknown=0, layout_queries=0,
-              warnings=sum(1 for w in warn if w[1] == "warn" and (not chosen or w[0] in chosen)),
-              errors=sum(1 for w in warn if w[1] == "error" and (not chosen or w[0] in chosen)))
-    for p in chosen:
-        d = per[p]
-        for line in d["lines"]:
-            print("  " + line)
-        if "alloc" in d:
-            kv["found"] = 1
-            a = [int(x) for x in d["alloc"]]
-            for k, v in zip(("managed", "managed_bytes", "passthrough", "passthrough_bytes",
-                             "frees"), a):
-                kv[k] += v
-        if "res" in d:
-            r = d["res"]
-            kv["budget"] = r[0].replace(" ", "")
-            kv["device_peak"] = r[1].replace(" ", "")
-            kv["pinned_host"] = r[2].replace(" ", "")
-            for k, v in zip(("evictions", "evicted_bytes", "faults", "faulted_bytes",
-                             "placed_on_host", "host_served", "syncs", "failures"),
-                            [int(x) for x in r[3:]]):
-                kv[k] += v
-        if "launch" in d:
-            for k, v in zip(("launches", "with_refs", "unknown", "layout_queries"),
-                            [int(x) for x in d["launch"]]):
-                kv[k] += v
-    if not chosen:
-        print(f"  (no exit counters in {path}; {len(lines)} lines; its last lines:)")
-        for line in lines[-15:]:
-            print("    " + line)
-    shown = [w for w in warn if not chosen or w[0] in chosen]
-    if shown:
-        print(f"  {len(shown)} warn/error line(s) from the shim; the first ones:")
-        for pid, level, text in shown[:15]:
+    s = shimlog.parse(path, want_pid)
+    if not s["exists"]:
+        print(f"  (no shim log: {s['error']})")
+    for line in s["exit_lines"]:
+        print("  " + line)
+    kv = s["kv"]
+    if not kv["pids"]:
+        print(f"  (no exit counters in {path}; {kv['lines']} lines; its last lines:)")
+        if s["exists"]:
+            with open(path, errors="replace") as f:
+                for line in f.read().splitlines()[-15:]:
+                    print("    " + line)
+    if s["warn"]:
+        print(f"  {len(s['warn'])} warn/error line(s) from the shim; the first ones:")
+        for pid, level, text in s["warn"][:15]:
             print(f"    [{pid}] {level}: {text}")
     print("COUNTERS " + " ".join(f"{k}={v}" for k, v in kv.items()))
 
