@@ -41,6 +41,7 @@ import time
 import traceback
 
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "tests", "gpu"))
+import llama_test  # noqa: E402  (the Llama builder of the GPU tests)
 import shimlog  # noqa: E402  (tests/gpu/shimlog.py: the shim log's format)
 
 MiB = 1 << 20
@@ -177,31 +178,14 @@ def r3(x):
 
 # ---- the model -------------------------------------------------------------------------------
 def build_model(name, seed):
-    """LlamaForCausalLM with random bf16 weights built directly on the GPU (fast), seeded."""
-    import torch
-    from transformers import LlamaConfig, LlamaForCausalLM
-
+    """LlamaForCausalLM with random bf16 weights built directly on the GPU (fast), seeded: the
+    test model's builder (tests/gpu/llama_test.py) with this model's sizes."""
     m = MODELS[name]
-    kw = dict(hidden_size=m["hidden"], intermediate_size=m["intermediate"],
-              num_hidden_layers=m["layers"], num_attention_heads=m["heads"],
-              num_key_value_heads=m["kv_heads"], vocab_size=m["vocab"],
-              max_position_embeddings=4096, tie_word_embeddings=False)
-    try:
-        config = LlamaConfig(**kw, attn_implementation="sdpa")
-    except TypeError:
-        config = LlamaConfig(**kw)
-    try:
-        config._attn_implementation = "sdpa"
-    except Exception:
-        pass
-    torch.manual_seed(seed)
-    torch.set_default_dtype(torch.bfloat16)
-    try:
-        with torch.device("cuda"):
-            model = LlamaForCausalLM(config)
-    finally:
-        torch.set_default_dtype(torch.float32)
-    model.eval()
+    model = llama_test.build_llama(
+        seed, hidden_size=m["hidden"], intermediate_size=m["intermediate"],
+        num_hidden_layers=m["layers"], num_attention_heads=m["heads"],
+        num_key_value_heads=m["kv_heads"], vocab_size=m["vocab"], max_position_embeddings=4096,
+        tie_word_embeddings=False)
     dtypes = sorted({str(p.dtype) for p in model.parameters()})
     if dtypes != ["torch.bfloat16"]:
         raise SystemExit(f"unexpected parameter dtypes {dtypes}")

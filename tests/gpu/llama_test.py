@@ -163,23 +163,21 @@ class MemSampler(threading.Thread):
 
 
 # ---- run -------------------------------------------------------------------------------------
-def build_model(args):
+def build_llama(seed, **config_kw):
+    """LlamaForCausalLM from a LlamaConfig with CONFIG_KW, SDPA attention, random bf16 weights
+    built directly on the GPU from torch.manual_seed(SEED), in eval mode. Shared with bench/."""
     import torch
-    import transformers
     from transformers import LlamaConfig, LlamaForCausalLM
 
-    kw = dict(hidden_size=2048, intermediate_size=5632, num_hidden_layers=args.layers,
-              num_attention_heads=32, num_key_value_heads=8, vocab_size=32000,
-              max_position_embeddings=4096)
     try:
-        config = LlamaConfig(**kw, attn_implementation="sdpa")
+        config = LlamaConfig(**config_kw, attn_implementation="sdpa")
     except TypeError:
-        config = LlamaConfig(**kw)
+        config = LlamaConfig(**config_kw)
     try:
         config._attn_implementation = "sdpa"
     except Exception:
         pass
-    torch.manual_seed(args.seed)
+    torch.manual_seed(seed)
     torch.set_default_dtype(torch.bfloat16)
     try:
         with torch.device("cuda"):
@@ -187,6 +185,16 @@ def build_model(args):
     finally:
         torch.set_default_dtype(torch.float32)
     model.eval()
+    return model
+
+
+def build_model(args):
+    import torch
+    import transformers
+
+    model = build_llama(args.seed, hidden_size=2048, intermediate_size=5632,
+                        num_hidden_layers=args.layers, num_attention_heads=32,
+                        num_key_value_heads=8, vocab_size=32000, max_position_embeddings=4096)
     dtypes = sorted({str(p.dtype) for p in model.parameters()})
     devices = sorted({str(p.device) for p in model.parameters()})
     attn = getattr(model.config, "_attn_implementation", None)
