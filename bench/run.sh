@@ -46,6 +46,7 @@ export FLEXTENSOR_CONFIG=
 
 ROOT=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
 cd "$ROOT" || exit 1
+. "$ROOT/tests/gpu/bundle.sh" # bundle_commit, bundle_check
 OUT=${OUT:-$ROOT/out/bench}
 mkdir -p "$OUT" || exit 1
 OUT=$(cd "$OUT" && pwd)
@@ -183,7 +184,7 @@ shim_env() {
 # ---- the steps -------------------------------------------------------------------------------
 preamble() {
     echo "flexshim issue-5 benchmark: $(date -u '+%Y-%m-%d %H:%M:%S UTC'), $(hostname), run $RUN_ID"
-    echo "repository: $ROOT ($(cat "$ROOT/dist/COMMIT" 2>/dev/null || git -C "$ROOT" rev-parse --short HEAD 2>/dev/null || echo '?')," \
+    echo "repository: $ROOT ($(bundle_commit "$ROOT")," \
         "$(git -C "$ROOT" status --porcelain 2>/dev/null | wc -l | tr -d ' ') changed files)"
     echo "MODEL=$MODEL WORKLOADS='$WORKLOADS' BUDGETS='$BUDGETS' SYSTEMS='$SYSTEMS'" \
         "TOTAL_BUDGET_S=$TOTAL_BUDGET_S RUN_TIMEOUT_S=$RUN_TIMEOUT_S MIN_RUN_S=$MIN_RUN_S" \
@@ -198,18 +199,12 @@ preamble() {
         gpu=$(nvidia-smi --query-gpu=name --format=csv,noheader 2>/dev/null | head -1)
         driver=$(nvidia-smi --query-gpu=driver_version --format=csv,noheader 2>/dev/null | head -1)
     fi
-    for f in "$LIB" "$TOOL"; do
-        if [ -e "$f" ]; then
-            echo "found $f ($(stat -c %s "$f") bytes, $(date -u -r "$f" '+%Y-%m-%d %H:%M UTC'))"
-        else
-            echo "MISSING $f: run 'make dist' on the development machine and carry dist/ along"
-        fi
-    done
+    bundle_check "$LIB" "$TOOL"
     echo "budgets of the $MODEL (percent, bytes, MiB):"
     for p in "${PCTS[@]}" "$RECORD_PCT"; do echo "  $p ${BUDGET_B[$p]} ${BUDGET_MIB[$p]}"; done
     line --field kind=meta --field "run_id=$RUN_ID" --field "date=$(date -u '+%Y-%m-%d %H:%M UTC')" \
         --field "host=$(hostname)" --field "gpu=$gpu" --field "driver=$driver" \
-        --field "commit=$(cat "$ROOT/dist/COMMIT" 2>/dev/null || git -C "$ROOT" rev-parse --short HEAD 2>/dev/null || echo '?')" \
+        --field "commit=$(bundle_commit "$ROOT")" \
         --field "model=$MODEL" --field "workloads=$WORKLOADS" --field "budgets=$BUDGETS" \
         --field "systems=$SYSTEMS" --field "total_budget_s=$TOTAL_BUDGET_S" --field "fake=$FAKE" \
         --field "command=$knobs OUT=... bash bench/run.sh"

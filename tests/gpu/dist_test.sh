@@ -53,6 +53,7 @@ export OMP_NUM_THREADS=${OMP_NUM_THREADS:-1}
 
 ROOT=$(cd "$(dirname "${BASH_SOURCE[0]}")/../.." && pwd)
 cd "$ROOT" || exit 1
+. "$ROOT/tests/gpu/bundle.sh" # bundle_commit, bundle_check
 OUT=${OUT:-$ROOT/out}
 mkdir -p "$OUT" || exit 1
 W=$(mktemp -d "${TMPDIR:-/tmp}/flexshim-dist.XXXXXX") || exit 1
@@ -270,18 +271,11 @@ phase() {
 
 preamble() {
     echo "flexshim dist test (issue 6): $(date -u '+%Y-%m-%d %H:%M:%S UTC'), $(hostname)"
-    echo "repository: $ROOT ($(git -C "$ROOT" rev-parse --short HEAD 2>/dev/null || echo '?'))"
+    echo "repository: $ROOT ($(bundle_commit "$ROOT"))"
     echo "work dir $W, out $OUT; time budget ${TOTAL_BUDGET_S} s; phases: $PHASES"
     echo "steps $STEPS (median after $WARMUP), prompt $PROMPT_LEN, layers $LAYERS, probe" \
         "$PROBE_MIB MiB, link ${LINK_GBPS} GB/s assumed for the limit"
-    local f
-    for f in "$LIB" "$TOOL"; do
-        if [ -e "$f" ]; then
-            echo "found $f ($(stat -c %s "$f") bytes, $(date -u -r "$f" '+%Y-%m-%d %H:%M UTC'))"
-        else
-            echo "MISSING $f: run 'make dist' on the development machine and carry dist/ along"
-        fi
-    done
+    bundle_check "$LIB" "$TOOL"
     [ -e "$LIB" ] && ldd "$LIB" 2>&1 | grep -E 'not found|cupti|cuda' | sed 's/^/  /'
     echo "--- nvidia-smi -L"
     timeout 20 nvidia-smi -L 2>&1

@@ -43,6 +43,7 @@ export CUBLAS_WORKSPACE_CONFIG=:4096:8
 
 ROOT=$(cd "$(dirname "${BASH_SOURCE[0]}")/../.." && pwd)
 cd "$ROOT" || exit 1
+. "$ROOT/tests/gpu/bundle.sh" # bundle_commit, bundle_check
 OUT=${OUT:-$ROOT/out}
 mkdir -p "$OUT" || exit 1
 WORK=$(mktemp -d "${TMPDIR:-/tmp}/flexshim-gpu.XXXXXX") || exit 1
@@ -168,18 +169,11 @@ shim_env() {
 # ---- preamble --------------------------------------------------------------------------------
 preamble() {
     echo "flexshim GPU tests: $(date -u '+%Y-%m-%d %H:%M:%S UTC'), $(hostname), steps: $STEPS_ONLY"
-    echo "repository: $ROOT ($(git -C "$ROOT" rev-parse --short HEAD 2>/dev/null || echo '?')" \
+    echo "repository: $ROOT ($(bundle_commit "$ROOT")" \
         "$(git -C "$ROOT" status --porcelain 2>/dev/null | wc -l | tr -d ' ') changed files)"
     echo "work dir: $WORK; out: $OUT; time budget ${TOTAL_BUDGET_S}s"
     local ok=1
-    for f in dist/lib/libflexshim.so dist/bin/flexshim-profile; do
-        if [ -e "$f" ]; then
-            echo "found $f ($(stat -c %s "$f") bytes, $(date -u -r "$f" '+%Y-%m-%d %H:%M UTC'))"
-        else
-            echo "MISSING $f: run 'make dist' on the development machine and carry dist/ along"
-            ok=0
-        fi
-    done
+    bundle_check dist/lib/libflexshim.so dist/bin/flexshim-profile || ok=0
     echo "--- nvidia-smi -L"
     nvidia-smi -L 2>&1
     echo "--- driver, memory"
