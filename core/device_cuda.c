@@ -20,7 +20,6 @@
  * props.host_phys_supported. */
 #include "device.h"
 
-#include <pthread.h>
 #include <stdlib.h>
 #include <string.h>
 
@@ -36,9 +35,7 @@ struct cuda_impl {
     int host_numa_id;  /* node for host-located physical memory, valid if host_phys_supported */
     uint64_t dev_gran; /* minimum granularity of device-located physical memory */
     uint64_t host_gran;
-    /* The fingerprint kernel, loaded on first use: 0 not yet tried, 1 loaded, -1 unavailable. */
-    pthread_mutex_t fp_lock;
-    int fp_state;
+    /* The fingerprint kernel, loaded at open (NULL: unavailable). */
     CUmodule fp_module;
     CUfunction fp_func;
 };
@@ -594,28 +591,24 @@ static int cuda_last_native_error(struct fs_device *dev)
 }
 
 /* Load the fingerprint kernel once (the driver compiles the PTX for this GPU, a few ms). */
-static int fp_load(struct cuda_impl *c)
+/* Load the fingerprint kernel (the driver compiles the PTX for this GPU, a few ms); at open,
+ * so that no launch callback or residency lock ever waits for it. Without it, FP_FUNC stays
+ * NULL and fingerprint answers FS_ERR_UNSUPPORTED. */
+static void fp_load(struct cuda_impl *c)
 {
-    pthread_mutex_lock(&c->fp_lock);
-    if (c->fp_state == 0) {
-        c->fp_state = -1;
-        if (fs_fingerprint_ptx[0] == '\0') {
-            FS_INFO("cuda: built without the fingerprint kernel (no nvcc at build time): every "
-                    "eviction copies its data back to host");
-        } else if (CU_CHECK(cuModuleLoadData(&c->fp_module, fs_fingerprint_ptx)) != FS_OK) {
-            FS_WARN("cuda: the fingerprint kernel could not be loaded (%s): every eviction copies "
-                    "its data back to host", fs_cuda_errstr(tl_last_error));
-        } else if (CU_CHECK(cuModuleGetFunction(&c->fp_func, c->fp_module, "fs_fingerprint")) !=
-                   FS_OK) {
-            fs_cuda.cuModuleUnload(c->fp_module);
-            c->fp_module = NULL;
-        } else {
-            c->fp_state = 1;
-        }
+    if (fs_fingerprint_ptx[0] == '\0') {
+        FS_INFO("cuda: built without the fingerprint kernel (no nvcc at build time): every "
+                "eviction copies its data back to host");
+    } else if (CU_CHECK(cuModuleLoadData(&c->fp_module, fs_fingerprint_ptx)) != FS_OK) {
+        FS_WARN("cuda: the fingerprint kernel could not be loaded (%s): every eviction copies "
+                "its data back to host", fs_cuda_errstr(tl_last_error));
+        c->fp_module = NULL;
+    } else if (CU_CHECK(cuModuleGetFunction(&c->fp_func, c->fp_module, "fs_fingerprint")) !=
+               FS_OK) {
+        fs_cuda.cuModuleUnload(c->fp_module);
+        c->fp_module = NULL;
+        c->fp_func = NULL;
     }
-    int rc = c->fp_state == 1 ? FS_OK : FS_ERR_UNSUPPORTED;
-    pthread_mutex_unlock(&c->fp_lock);
-    return rc;
 }
 
 static int cuda_fingerprint(struct fs_device *dev, fs_dptr va, uint64_t size, fs_stream stream,
@@ -624,12 +617,11 @@ static int cuda_fingerprint(struct fs_device *dev, fs_dptr va, uint64_t size, fs
     struct cuda_impl *c = impl_of(dev);
     if (!parts || size % 16 != 0)
         return FS_ERR_INVALID;
+    if (!c->fp_func)
+        return FS_ERR_UNSUPPORTED;
     ENSURE_CTX(c);
-    int rc = fp_load(c);
-    if (rc != FS_OK)
-        return rc;
     CUdeviceptr out;
-    rc = CU_CHECK(cuMemHostGetDevicePointer(&out, parts, 0));
+    int rc = CU_CHECK(cuMemHostGetDevicePointer(&out, parts, 0));
     if (rc != FS_OK)
         return rc;
     CUdeviceptr data = (CUdeviceptr)va;
@@ -669,7 +661,6 @@ static void cuda_close(struct fs_device *dev)
     if (c) {
         if (c->fp_module && ensure_ctx(c) == FS_OK)
             fs_cuda.cuModuleUnload(c->fp_module);
-        pthread_mutex_destroy(&c->fp_lock);
         CUresult res = fs_cuda.cuDevicePrimaryCtxRelease(c->cudev);
         if (res != CUDA_SUCCESS)
             FS_DEBUG("cuda: cuDevicePrimaryCtxRelease failed: %s", fs_cuda_errstr(res));
@@ -821,7 +812,6 @@ int fs_device_cuda_open(int ordinal, struct fs_device **out)
         goto out;
     }
     c->ordinal = ordinal;
-    pthread_mutex_init(&c->fp_lock, NULL);
     res = fs_cuda.cuDeviceGet(&c->cudev, ordinal);
     if (res != CUDA_SUCCESS) {
         err = cu_check(res, "cuDeviceGet");
@@ -920,8 +910,6 @@ int fs_device_cuda_open(int ordinal, struct fs_device **out)
 
     dev->ops = &cuda_ops;
     dev->impl = c;
-    /* Compile the fingerprint kernel now, once, rather than on first use, which may be inside
-     * the program's launch callback or under the residency lock (a failure is said there). */
     fp_load(c);
     *out = dev;
     return FS_OK;

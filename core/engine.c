@@ -216,7 +216,9 @@ static void stop_planning(void)
 /* Pin host memory for what the plan offloads now, while the program is still starting. */
 static void prepin_offloaded(const struct fs_profile *p)
 {
-    uint64_t *sizes = malloc((size_t)p->nallocs * sizeof(*sizes) + 1);
+    if (p->nallocs <= 0)
+        return;
+    uint64_t *sizes = malloc((size_t)p->nallocs * sizeof(*sizes));
     if (!sizes)
         return;
     int n = 0;

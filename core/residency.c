@@ -451,6 +451,14 @@ static struct fs_alloc *pick_victim(struct fs_residency *res, struct fs_alloc *c
 
 /* Device memory for NEED bytes within the budget, evicting least recently used allocations not
  * in KEEP. On success *GROW says whether the pool must create memory for it. */
+/* Is there room for NEED bytes now, without evicting: a cached block of that size (*GROW false)
+ * or budget left for a new one (*GROW true)? */
+static bool room_now(struct fs_residency *res, uint64_t need, bool *grow)
+{
+    *grow = !fs_phys_pool_has(&res->dev_pool, need);
+    return !*grow || fs_phys_pool_held(&res->dev_pool) + need <= res->budget;
+}
+
 static int make_room(struct fs_residency *res, uint64_t need, struct fs_alloc *const *keep,
                      int nkeep, bool *grow)
 {
@@ -458,15 +466,9 @@ static int make_room(struct fs_residency *res, uint64_t need, struct fs_alloc *c
         return FS_ERR_NOMEM; /* evicting others would not help */
     /* Each round returns, releases a cached block or evicts one allocation: bounded. */
     for (int round = 0; round < 4 * res->nallocs + 8; round++) {
+        if (room_now(res, need, grow))
+            return FS_OK;
         uint64_t held = fs_phys_pool_held(&res->dev_pool);
-        if (fs_phys_pool_has(&res->dev_pool, need)) {
-            *grow = false;
-            return FS_OK;
-        }
-        if (held + need <= res->budget) {
-            *grow = true;
-            return FS_OK;
-        }
         if (fs_phys_pool_trim(&res->dev_pool, held + need - res->budget) > 0)
             continue;
         struct fs_alloc *victim = pick_victim(res, keep, nkeep);
@@ -840,20 +842,13 @@ int fs_res_move_begin(struct fs_residency *res, uint64_t id, bool evict, struct 
             attach_host(res, a, b);
         }
     } else {
-        bool grow = fs_phys_pool_has(&res->dev_pool, a->mapped) ? false : true;
-        if (grow && fs_phys_pool_held(&res->dev_pool) + a->mapped > res->budget) {
-            /* Room comes from evictions: those in flight first, else synchronous ones. */
-            if (res->evictions_inflight > 0) {
-                rc = FS_ERR_NOT_READY;
-                goto out;
-            }
-            rc = make_room(res, a->mapped, NULL, 0, &grow);
+        /* Room comes from evictions: those in flight first, else synchronous ones. */
+        bool grow;
+        if (!room_now(res, a->mapped, &grow)) {
+            rc = res->evictions_inflight > 0 ? FS_ERR_NOT_READY
+                                             : make_room(res, a->mapped, NULL, 0, &grow);
             if (rc != FS_OK)
                 goto out;
-            if (LOAD(&a->state) != FS_RES_HOST) { /* moved while make_room waited */
-                rc = FS_ERR_NOT_READY;
-                goto out;
-            }
         }
         rc = fs_phys_pool_get(&res->dev_pool, a->mapped, grow, &m->block);
         if (rc != FS_OK)

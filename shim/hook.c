@@ -38,3 +38,12 @@ cudaError_t fs_hook_missing_real(const char *name)
                 "is libcudart loaded?", name);
     return cudaErrorSharedObjectSymbolNotFound;
 }
+
+int fs_hook_current_device(void)
+{
+    int dev = 0;
+    __typeof__(&cudaGetDevice) get = FS_CUDART(cudaGetDevice);
+    if (!get || get(&dev) != cudaSuccess)
+        return -1;
+    return dev;
+}

@@ -3,15 +3,6 @@
 #include "hook.h"
 #include "log.h"
 
-int fs_hook_current_device(void)
-{
-    int dev = 0;
-    __typeof__(&cudaGetDevice) get = FS_CUDART(cudaGetDevice);
-    if (!get || get(&dev) != cudaSuccess)
-        return -1;
-    return dev;
-}
-
 FS_EXPORT cudaError_t cudaMalloc(void **devPtr, size_t size)
 {
     __typeof__(&cudaMalloc) real = FS_CUDART(cudaMalloc);
