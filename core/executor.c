@@ -182,6 +182,16 @@ static void *finisher_main(void *arg)
     return NULL;
 }
 
+/* An eviction's device memory is back in the pool: a prefetch held back for room may start. */
+static void room_freed(void *arg)
+{
+    struct fs_executor *x = arg;
+    pthread_mutex_lock(&x->lock);
+    x->completions++;
+    pthread_cond_signal(&x->wake);
+    pthread_mutex_unlock(&x->lock);
+}
+
 /* Lock held. */
 static void queue_move(struct fs_executor *x, uint64_t id, bool evict)
 {
@@ -206,6 +216,8 @@ static void slots_init(struct fs_executor *x)
     struct fs_device *dev = x->res->dev;
     for (x->nslots = 0; x->nslots < FS_EXEC_MOVES_INFLIGHT; x->nslots++) {
         struct fs_res_move *m = &x->slots[x->nslots].m;
+        m->on_room = room_freed;
+        m->on_room_arg = x;
         if (fs_dev_call(dev, event_create, false, &m->ev) != FS_OK)
             break;
         if (fs_dev_call(dev, host_alloc, FS_FP_PARTS_BYTES, (void **)&m->parts) != FS_OK) {

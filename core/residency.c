@@ -908,6 +908,119 @@ static int move_wait(struct fs_residency *res, struct fs_res_move *m, bool wait)
     return wait ? fs_dev_call(res->dev, event_sync, m->ev) : fs_dev_call(res->dev, event_query, m->ev);
 }
 
+/* A move whose copy or remap failed (copy failure: the other side keeps the data): wait for the
+ * stream before the block goes back (never reused if that fails too). Lock held. */
+static void move_failed(struct fs_residency *res, struct fs_res_move *m, int rc)
+{
+    struct fs_alloc *a = m->a;
+    if (fs_dev_call(res->dev, stream_sync, m->evict ? res->d2h : res->h2d) == FS_OK) {
+        if (m->block)
+            fs_phys_pool_put(&res->dev_pool, m->block);
+    } else if (m->block) {
+        FS_WARN("a device block of %llu bytes is set aside: its copy may still be running",
+                (unsigned long long)m->block->size);
+    }
+    if (m->evict) {
+        a->fp_valid = false;
+        res->evictions_inflight--;
+    }
+    STAT(res, failures, 1);
+    FS_WARN("%s allocation %llu (%llu bytes) failed (%s); it stays where it was",
+            m->evict ? "evicting" : "prefetching", (unsigned long long)a->id,
+            (unsigned long long)a->size, fs_err_str(rc));
+    end_move(res, a, m->evict ? FS_RES_DEVICE : FS_RES_HOST);
+}
+
+/* A's VA is unmapped and its data is in its host block, which could not be mapped there: bring
+ * the data back on the device, over the budget if need be, so that the VA is mapped again.
+ * Without the lock; the move still holds A. */
+static int evict_undo(struct fs_residency *res, struct fs_alloc *a, int why)
+{
+    struct fs_block *b = NULL;
+    pthread_mutex_lock(&res->lock);
+    int rc = fs_phys_pool_get(&res->dev_pool, a->mapped, true, &b);
+    pthread_mutex_unlock(&res->lock);
+    if (rc == FS_OK) {
+        rc = fs_dev_call(res->dev, map, a->va, a->mapped, b->phys, 0);
+        if (rc != FS_OK) {
+            pthread_mutex_lock(&res->lock);
+            fs_phys_pool_put(&res->dev_pool, b);
+            pthread_mutex_unlock(&res->lock);
+        }
+    }
+    if (rc == FS_OK) {
+        rc = fs_block_copy(res->dev, a->host, a->va, a->mapped, false, res->h2d);
+        if (rc == FS_OK)
+            rc = fs_dev_call(res->dev, stream_sync, res->h2d);
+        if (rc == FS_OK) {
+            a->dev = b;
+            FS_WARN("evicting allocation %llu (%llu bytes): host memory could not be mapped (%s); "
+                    "it stays on the device", (unsigned long long)a->id,
+                    (unsigned long long)a->size, fs_err_str(why));
+            return FS_OK;
+        }
+        /* Its copy may still run: the block is never reused; the VA must not show it. */
+        fs_dev_call(res->dev, unmap, a->va, a->mapped);
+    }
+    FS_ERROR("allocation %llu (%llu bytes at 0x%llx) could not be mapped again after a failed "
+             "eviction (%s, then %s); a kernel touching it will fail",
+             (unsigned long long)a->id, (unsigned long long)a->size,
+             (unsigned long long)a->va, fs_err_str(why), fs_err_str(rc));
+    return rc;
+}
+
+/* The end of an eviction whose copy is done (or not needed): its device memory is given back
+ * first, so a prefetch waiting for room can start; then the host memory is mapped at A's VA, the
+ * slow part (about 10 ms per GiB, DESIGN.md). A is quiet and still marked moving meanwhile, so
+ * nothing the shim knows of touches the unmapped VA. */
+static int move_end_evict(struct fs_residency *res, struct fs_res_move *m, bool clean)
+{
+    struct fs_alloc *a = m->a;
+    int rc = fs_dev_call(res->dev, unmap, a->va, a->mapped);
+    pthread_mutex_lock(&res->lock);
+    if (rc != FS_OK) { /* still mapped on the device */
+        quiesce_end(res);
+        STAT(res, async_moves, 1);
+        move_failed(res, m, rc);
+        pthread_mutex_unlock(&res->lock);
+        return rc;
+    }
+    fs_phys_pool_put(&res->dev_pool, a->dev);
+    a->dev = NULL;
+    res->evictions_inflight--;
+    STORE(&res->pressure, 1);
+    pthread_mutex_unlock(&res->lock);
+    if (m->on_room)
+        m->on_room(m->on_room_arg);
+    rc = fs_dev_call(res->dev, map, a->va, a->mapped, a->host->phys, 0);
+    int undo = rc == FS_OK ? FS_OK : evict_undo(res, a, rc);
+    pthread_mutex_lock(&res->lock);
+    quiesce_end(res);
+    STAT(res, async_moves, 1);
+    if (rc == FS_OK) {
+        if (m->fp_known) {
+            STAT(res, fingerprints, 1);
+            a->fp = m->fp;
+            a->fp_valid = true;
+        }
+        STAT(res, evictions, 1);
+        STAT(res, evicted_bytes, a->mapped);
+        if (clean) {
+            STAT(res, clean_evictions, 1);
+            STAT(res, clean_bytes, a->mapped);
+        }
+        end_move(res, a, FS_RES_HOST);
+    } else {
+        /* Back on the device (the host copy matches it, so its fingerprint holds), or lost. */
+        a->fp = m->fp;
+        a->fp_valid = undo == FS_OK && m->fp_known;
+        STAT(res, failures, 1);
+        end_move(res, a, undo == FS_OK ? FS_RES_DEVICE : FS_RES_HOST);
+    }
+    pthread_mutex_unlock(&res->lock);
+    return rc;
+}
+
 int fs_res_move_end(struct fs_residency *res, struct fs_res_move *m, bool wait)
 {
     struct fs_alloc *a = m->a;
@@ -937,31 +1050,16 @@ int fs_res_move_end(struct fs_residency *res, struct fs_res_move *m, bool wait)
         m->fp_known = true;
     }
     /* The copy is done and the range quiet since its last use: remap without the lock. */
+    if (rc == FS_OK && m->evict)
+        return move_end_evict(res, m, clean);
     if (rc == FS_OK)
-        rc = m->evict ? remap(res, a, a->dev, a->host) : remap(res, a, a->host, m->block);
+        rc = remap(res, a, a->host, m->block);
     pthread_mutex_lock(&res->lock);
     quiesce_end(res);
-    if (m->evict)
-        res->evictions_inflight--;
     STAT(res, async_moves, 1);
-    if (m->fp_known && rc == FS_OK)
-        STAT(res, fingerprints, 1);
-    if (rc == FS_OK && m->evict) {
-        fs_phys_pool_put(&res->dev_pool, a->dev);
-        a->dev = NULL;
-        if (m->fp_known) {
-            a->fp = m->fp;
-            a->fp_valid = true;
-        }
-        STAT(res, evictions, 1);
-        STAT(res, evicted_bytes, a->mapped);
-        if (clean) {
-            STAT(res, clean_evictions, 1);
-            STAT(res, clean_bytes, a->mapped);
-        }
-        STORE(&res->pressure, 1);
-        end_move(res, a, FS_RES_HOST);
-    } else if (rc == FS_OK) {
+    if (rc == FS_OK) {
+        if (m->fp_known)
+            STAT(res, fingerprints, 1);
         a->dev = m->block;
         a->fp = m->fp;
         a->fp_valid = m->fp_known;
@@ -970,22 +1068,7 @@ int fs_res_move_end(struct fs_residency *res, struct fs_res_move *m, bool wait)
         STAT(res, prefetched_bytes, a->mapped);
         end_move(res, a, FS_RES_DEVICE);
     } else {
-        /* The copy may have failed half-way: the other side keeps the data; wait for the stream
-         * before the block goes back (never reused if that fails too). */
-        if (fs_dev_call(res->dev, stream_sync, m->evict ? res->d2h : res->h2d) == FS_OK) {
-            if (m->block)
-                fs_phys_pool_put(&res->dev_pool, m->block);
-        } else if (m->block) {
-            FS_WARN("a device block of %llu bytes is set aside: its copy may still be running",
-                    (unsigned long long)m->block->size);
-        }
-        if (m->evict)
-            a->fp_valid = false;
-        STAT(res, failures, 1);
-        FS_WARN("%s allocation %llu (%llu bytes) failed (%s); it stays where it was",
-                m->evict ? "evicting" : "prefetching", (unsigned long long)a->id,
-                (unsigned long long)a->size, fs_err_str(rc));
-        end_move(res, a, m->evict ? FS_RES_DEVICE : FS_RES_HOST);
+        move_failed(res, m, rc);
     }
     m->block = NULL;
     pthread_mutex_unlock(&res->lock);

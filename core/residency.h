@@ -171,6 +171,10 @@ void fs_res_prepin(struct fs_residency *res, const uint64_t *sizes, int n);
 struct fs_res_move {
     fs_event ev;     /* the caller's: recorded after the queued work */
     uint64_t *parts; /* the caller's: FS_FP_PARTS_BYTES from the device's host_alloc */
+    /* the caller's, optional: called (no lock held) when an eviction's device memory is back in
+     * the pool, before the slower mapping of host memory that ends the move */
+    void (*on_room)(void *arg);
+    void *on_room_arg;
     /* set by begin */
     struct fs_alloc *a;
     bool evict;
@@ -187,7 +191,8 @@ struct fs_res_move {
  * retry later; FS_ERR_UNSUPPORTED (see above); FS_ERR_NOMEM (no room within the budget). */
 int fs_res_move_begin(struct fs_residency *res, uint64_t id, bool evict, struct fs_res_move *m);
 /* FS_ERR_NOT_READY while the copy runs (WAIT false); FS_OK when moved; another error: the move
- * failed and the allocation stayed where it was (logged, counted). */
+ * failed and the allocation stayed where it was (logged, counted). An eviction gives its device
+ * memory back (M->ON_ROOM) before it maps the host memory. */
 int fs_res_move_end(struct fs_residency *res, struct fs_res_move *m, bool wait);
 
 /* Record last-use events from now on (tracked mode), as the first eviction does: a plan is about

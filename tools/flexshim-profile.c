@@ -868,6 +868,7 @@ struct sim_row {
     char strategy[32];
     int rc;
     double predicted_us, stall_us, limit_us, replay_us;
+    double late, unplanned, faults; /* per replayed iteration */
     uint64_t moved, peak;
 };
 
@@ -891,19 +892,23 @@ static int pick_strategies(const char *cmd, const char *name, bool allow_all,
     return -1;
 }
 
-/* The plan of STRATEGY for BYTES replayed on the simulated device: its median iteration time,
- * or 0 (said why on stderr). */
-static double replay_row(const char *cmd, const struct fs_profile *p, uint64_t bytes,
-                         const char *strategy, int iterations, const char *budget)
+/* The plan of STRATEGY for BYTES replayed on the simulated device: R's median iteration time
+ * (0: failed, said why on stderr) and what its launches waited for. */
+static void replay_row(const char *cmd, const struct fs_profile *p, uint64_t bytes,
+                       const char *strategy, int iterations, struct sim_row *r)
 {
     struct fs_replay_config rc = {bytes, strategy, iterations};
     struct fs_replay_result res;
     char err[512] = "";
+    r->replay_us = 0;
     if (fs_replay(p, &rc, &res, err, sizeof(err)) != FS_OK) {
-        error(cmd, "replay of %s at %s: %s", strategy, budget, err);
-        return 0;
+        error(cmd, "replay of %s at %s: %s", strategy, r->budget, err);
+        return;
     }
-    return res.step_us;
+    r->replay_us = res.step_us;
+    r->late = (double)res.exec.late / iterations;
+    r->unplanned = (double)res.exec.unplanned / iterations;
+    r->faults = (double)res.res.faults / iterations;
 }
 
 static int simulate_run(int argc, char **argv)
@@ -975,9 +980,8 @@ static int simulate_run(int argc, char **argv)
                 r->moved = moved_bytes(&p, &plan);
                 r->limit_us = limit_us(&p, r->moved);
                 fs_plan_free(&plan);
-                r->replay_us = replay_iters ? replay_row(c->name, &p, bytes, strat[s]->name,
-                                                         replay_iters, r->budget)
-                                            : 0;
+                if (replay_iters)
+                    replay_row(c->name, &p, bytes, strat[s]->name, replay_iters, r);
             } else if (r->rc != FS_ERR_NOMEM) {
                 error(c->name, "profile %s: strategy %s failed at budget %s (%s)", a.file,
                       strat[s]->name, r->budget, fs_err_str(r->rc));
@@ -1018,6 +1022,14 @@ static int simulate_run(int argc, char **argv)
                 printf("%-22s %-20s %12s %10s %14s %10s %10s%s\n", r->budget, r->strategy,
                        "infeasible", "-", "-", "-", "-", replay);
         }
+        if (replay_iters)
+            printf("\nreplay, per iteration: launches that waited for a late prefetch, references "
+                   "to allocations the plan had on host, fault-ins\n");
+        for (int i = 0; i < nrows && replay_iters; i++)
+            if (rows[i].rc == FS_OK && rows[i].replay_us > 0)
+                printf("%-22s %-20s %8.1f late %8.1f unplanned %8.1f fault-ins\n",
+                       rows[i].budget, rows[i].strategy, rows[i].late, rows[i].unplanned,
+                       rows[i].faults);
     }
     free(rows);
     free(budgets);

@@ -582,6 +582,112 @@ static void test_launch_waits_for_moves_begun_while_it_waited(void **state)
     env_close(&e); /* no unsafe unmap, no illegal access */
 }
 
+/* An asynchronous eviction gives its device memory back before it maps host memory at the VA (the
+ * slow part): a prefetch waiting for that room starts from the room callback, while the evicted
+ * VA is still unmapped and the allocation still moving. Both end with their data intact. */
+struct room_probe {
+    struct env *e;
+    struct fs_alloc *evicted, *wanted;
+    struct fs_res_move *prefetch;
+    int calls, prefetch_rc, state, loc_rc;
+};
+
+static void room_probe(void *arg)
+{
+    struct room_probe *p = arg;
+    enum fs_mem_loc loc;
+    p->calls++;
+    p->state = __atomic_load_n(&p->evicted->state, __ATOMIC_ACQUIRE);
+    p->loc_rc = fs_sim_location(p->e->dev, p->evicted->va, &loc);
+    p->prefetch_rc = fs_res_move_begin(&p->e->res, p->wanted->id, false, p->prefetch);
+}
+
+static void move_init(struct env *e, struct fs_res_move *m)
+{
+    assert_int_equal(fs_dev_call(e->dev, event_create, false, &m->ev), FS_OK);
+    assert_int_equal(fs_dev_call(e->dev, host_alloc, FS_FP_PARTS_BYTES, (void **)&m->parts), FS_OK);
+}
+
+static void move_fini(struct env *e, struct fs_res_move *m)
+{
+    fs_dev_call(e->dev, event_destroy, m->ev);
+    fs_dev_call(e->dev, host_free, m->parts);
+}
+
+static void test_eviction_gives_room_before_mapping_host(void **state)
+{
+    (void)state;
+    struct env e;
+    env_open(&e, 32 * MIB, false);
+    fs_dptr v[3];
+    for (int i = 0; i < 2; i++) {
+        assert_int_equal(fs_res_alloc(&e.res, 16 * MIB, &v[i]), FS_OK);
+        fill(&e, v[i], 16 * MIB, (uint32_t)i);
+    }
+    struct fs_alloc *A = fs_res_lookup(&e.res, v[0]), *B = fs_res_lookup(&e.res, v[1]);
+    assert_int_equal(fs_res_evict_id(&e.res, B->id), FS_OK);
+    assert_int_equal(fs_res_alloc(&e.res, 16 * MIB, &v[2]), FS_OK); /* takes B's old block */
+    fill(&e, v[2], 16 * MIB, 2);
+    struct fs_res_move ma = {0}, mb = {0};
+    move_init(&e, &ma);
+    move_init(&e, &mb);
+    /* No room for B until A's eviction ends. */
+    assert_int_equal(fs_res_move_begin(&e.res, A->id, true, &ma), FS_OK);
+    assert_int_equal(fs_res_move_begin(&e.res, B->id, false, &mb), FS_ERR_NOT_READY);
+    struct room_probe p = {.e = &e, .evicted = A, .wanted = B, .prefetch = &mb};
+    ma.on_room = room_probe;
+    ma.on_room_arg = &p;
+    assert_int_equal(fs_res_move_end(&e.res, &ma, true), FS_OK);
+    assert_int_equal(p.calls, 1);
+    assert_int_equal(p.state, FS_RES_MOVING);
+    assert_int_not_equal(p.loc_rc, FS_OK); /* host memory not mapped yet */
+    assert_int_equal(p.prefetch_rc, FS_OK);
+    assert_int_equal(fs_res_move_end(&e.res, &mb, true), FS_OK);
+    assert_int_equal(where(&e, v[0]), FS_LOC_HOST);
+    assert_int_equal(where(&e, v[1]), FS_LOC_DEVICE);
+    assert_true(fs_res_device_bytes(&e.res) <= 32 * MIB);
+    for (int i = 0; i < 3; i++)
+        check(&e, v[i], 16 * MIB, (uint32_t)i, 0);
+    move_fini(&e, &ma);
+    move_fini(&e, &mb);
+    env_close(&e);
+}
+
+/* If host memory cannot be mapped after the device memory went back, the data comes back on the
+ * device (over the budget if need be): the VA is mapped, the data intact, the failure counted. */
+static void test_eviction_host_map_failure_keeps_data(void **state)
+{
+    (void)state;
+    fs_log_set_level(FS_LOG_ERROR); /* the failure is logged as a warning */
+    struct env e;
+    env_open(&e, 32 * MIB, false);
+    fs_dptr v;
+    assert_int_equal(fs_res_alloc(&e.res, 16 * MIB, &v), FS_OK);
+    fill(&e, v, 16 * MIB, 7);
+    struct fs_alloc *A = fs_res_lookup(&e.res, v);
+    struct fs_res_move m = {0};
+    move_init(&e, &m);
+    struct fs_res_stats s0, s1;
+    fs_res_get_stats(&e.res, &s0);
+    assert_int_equal(fs_res_move_begin(&e.res, A->id, true, &m), FS_OK);
+    fs_sim_fail_nth(e.dev, FS_SIM_OP_MAP, 1, FS_ERR_DEVICE); /* the host mapping */
+    assert_int_equal(fs_res_move_end(&e.res, &m, true), FS_ERR_DEVICE);
+    fs_sim_fail_nth(e.dev, FS_SIM_OP_MAP, 0, 0);
+    fs_res_get_stats(&e.res, &s1);
+    assert_int_equal(s1.failures, s0.failures + 1);
+    assert_int_equal(s1.evictions, s0.evictions);
+    assert_int_equal(A->state, FS_RES_DEVICE);
+    assert_int_equal(where(&e, v), FS_LOC_DEVICE);
+    check(&e, v, 16 * MIB, 7, 0);
+    /* It can be evicted again later, and comes back intact. */
+    assert_int_equal(fs_res_evict_id(&e.res, A->id), FS_OK);
+    assert_int_equal(where(&e, v), FS_LOC_HOST);
+    check(&e, v, 16 * MIB, 7, 0);
+    move_fini(&e, &m);
+    env_close(&e);
+    fs_log_set_level(FS_LOG_WARN);
+}
+
 /* Write-back is skipped only for data proven unchanged: evicting data that nothing touched since
  * the fault-in copies nothing back; a kernel's change, a host write through the VA or a single
  * changed word anywhere makes the next eviction copy, and the data read afterwards is the new one.
@@ -784,6 +890,8 @@ int main(void)
         cmocka_unit_test(test_evict_and_make_resident),
         cmocka_unit_test(test_prepin_fills_the_host_pool_ahead),
         cmocka_unit_test(test_launch_waits_for_moves_begun_while_it_waited),
+        cmocka_unit_test(test_eviction_gives_room_before_mapping_host),
+        cmocka_unit_test(test_eviction_host_map_failure_keeps_data),
         cmocka_unit_test(test_clean_eviction_skips_write_back),
         cmocka_unit_test(test_write_back_always_without_fingerprints),
         cmocka_unit_test(test_stress_strict),
