@@ -446,6 +446,15 @@ int fs_exec_install(struct fs_executor *x, struct fs_profile *p)
         free_plan(&staged);
         return rc;
     }
+    /* What the plan keeps resident is evicted last when room is made on demand. */
+    uint8_t *keep = malloc((size_t)sp->nallocs + 1);
+    if (keep) {
+        for (int a = 0; a < sp->nallocs; a++)
+            keep[a] = sp->plan.entries[a].resident;
+        if (fs_res_set_plan_keep(x->res, keep, sp->nallocs) != FS_OK)
+            FS_DEBUG("plan: kept allocations not passed on (out of memory); LRU alone decides");
+        free(keep);
+    }
     pthread_mutex_lock(&x->lock);
     free_plan(x);
     x->prof = staged.prof;
@@ -492,6 +501,7 @@ void fs_exec_stop(struct fs_executor *x)
     pthread_mutex_lock(&x->lock);
     stop_locked(x);
     pthread_mutex_unlock(&x->lock);
+    fs_res_set_plan_keep(x->res, NULL, 0);
 }
 
 int fs_exec_note_alloc(struct fs_executor *x, uint64_t id, uint64_t size, const char **why)

@@ -140,6 +140,7 @@ void fs_res_prepin(struct fs_residency *res, const uint64_t *sizes, int n)
     memcpy(copy, sizes, (size_t)n * sizeof(*copy));
     pthread_mutex_lock(&res->lock);
     free(res->prepin);
+    free(res->plan_keep);
     res->prepin = copy;
     res->nprepin = n;
     res->prepin_next = 0;
@@ -434,19 +435,48 @@ static bool in_list(const struct fs_alloc *a, struct fs_alloc *const *list, int 
 }
 
 /* The least recently used resident allocation that may be evicted, or NULL. */
+static bool plan_keeps(const struct fs_residency *res, const struct fs_alloc *a)
+{
+    return a->id < (uint64_t)res->nplan_keep && res->plan_keep[a->id];
+}
+
+/* The least recently used allocation on the device, not in KEEP, one the plan does not keep
+ * resident if there is such. Lock held. */
 static struct fs_alloc *pick_victim(struct fs_residency *res, struct fs_alloc *const *keep,
                                     int nkeep)
 {
     struct fs_alloc *best = NULL;
+    bool best_kept = false;
     for (int i = 0; i < res->nallocs; i++) {
         struct fs_alloc *a = res->allocs[i];
         if (LOAD(&a->state) != FS_RES_DEVICE || LOAD(&a->inflight) != 0 ||
             in_list(a, keep, nkeep))
             continue;
-        if (!best || LOAD(&a->lru_tick) < LOAD(&best->lru_tick))
+        bool kept = plan_keeps(res, a);
+        if (!best || (best_kept && !kept) ||
+            (kept == best_kept && LOAD(&a->lru_tick) < LOAD(&best->lru_tick))) {
             best = a;
+            best_kept = kept;
+        }
     }
     return best;
+}
+
+int fs_res_set_plan_keep(struct fs_residency *res, const uint8_t *keep, int n)
+{
+    uint8_t *copy = NULL;
+    if (n > 0) {
+        copy = malloc((size_t)n);
+        if (!copy)
+            return FS_ERR_NOMEM;
+        memcpy(copy, keep, (size_t)n);
+    }
+    pthread_mutex_lock(&res->lock);
+    free(res->plan_keep);
+    res->plan_keep = copy;
+    res->nplan_keep = n > 0 ? n : 0;
+    pthread_mutex_unlock(&res->lock);
+    return FS_OK;
 }
 
 /* Device memory for NEED bytes within the budget, evicting least recently used allocations not

@@ -107,6 +107,8 @@ struct fs_residency {
     int pressure;           /* record last-use events (atomic); set at the first eviction */
     uint64_t *fp_parts;     /* fingerprint results (device-writable host memory); NULL: off */
     int evictions_inflight; /* asynchronous evictions begun, not ended (lock) */
+    uint8_t *plan_keep;     /* by allocation id: the plan keeps it resident, evict it last (lock) */
+    int nplan_keep;
     pthread_mutex_t ev_lock; /* guards free_events only */
     struct fs_shared_event *free_events;
     struct fs_res_stats stats;
@@ -150,6 +152,11 @@ static inline struct fs_alloc *fs_res_lookup(const struct fs_residency *res, uin
  * queued holds it. */
 int fs_res_prefetch_id(struct fs_residency *res, uint64_t id);
 int fs_res_evict_id(struct fs_residency *res, uint64_t id);
+
+/* The allocations (by id, KEEP[id] nonzero) a plan keeps resident: when room must be made on
+ * demand, others are evicted first, since the plan never brings a kept one back and each of its
+ * next uses would fault it in and evict another. N = 0 forgets them. */
+int fs_res_set_plan_keep(struct fs_residency *res, const uint8_t *keep, int n);
 
 /* Pin host blocks of these SIZES (granularity multiples) into the pool in the background, ahead
  * of need: a plan loaded at start-up knows which allocations it will evict, so the evictions

@@ -688,6 +688,48 @@ static void test_eviction_host_map_failure_keeps_data(void **state)
     fs_log_set_level(FS_LOG_WARN);
 }
 
+/* Room made on demand evicts what the plan does not keep resident first, even when a kept
+ * allocation is older, and a kept one only when nothing else is left; without a plan, LRU. */
+static void plan_keep_case(bool with_plan)
+{
+    struct env e;
+    env_open(&e, 32 * MIB, false);
+    fs_dptr v[4];
+    uint64_t sz = 16 * MIB;
+    struct kctx k = {.words = (uint32_t)(sz / 4)};
+    for (int i = 0; i < 2; i++) {
+        assert_int_equal(fs_res_alloc(&e.res, sz, &v[i]), FS_OK);
+        fill(&e, v[i], sz, (uint32_t)i);
+    }
+    launch(&e, &v[0], &sz, 1, 1000, add_one, &k); /* A used first: the least recently used */
+    launch(&e, &v[1], &sz, 1, 1000, add_one, &k);
+    uint8_t keep[4] = {1, 0, 1, 0}; /* ids 0 (A) and 2 (C) kept */
+    assert_int_equal(fs_res_set_plan_keep(&e.res, keep, with_plan ? 4 : 0), FS_OK);
+    assert_int_equal(fs_res_alloc(&e.res, sz, &v[2]), FS_OK); /* C: room for it */
+    fill(&e, v[2], sz, 2);
+    assert_int_equal(where(&e, v[0]), with_plan ? FS_LOC_DEVICE : FS_LOC_HOST);
+    assert_int_equal(where(&e, v[1]), with_plan ? FS_LOC_HOST : FS_LOC_DEVICE);
+    if (with_plan) {
+        /* Only kept ones on the device now: one of them makes room for D all the same. */
+        assert_int_equal(fs_res_alloc(&e.res, sz, &v[3]), FS_OK);
+        fill(&e, v[3], sz, 3);
+        assert_true((where(&e, v[0]) == FS_LOC_HOST) != (where(&e, v[2]) == FS_LOC_HOST));
+        check(&e, v[3], sz, 3, 0);
+    }
+    check(&e, v[0], sz, 0, 1);
+    check(&e, v[1], sz, 1, 1);
+    check(&e, v[2], sz, 2, 0);
+    assert_int_equal(fs_res_set_plan_keep(&e.res, NULL, 0), FS_OK);
+    env_close(&e);
+}
+
+static void test_plan_kept_allocations_are_evicted_last(void **state)
+{
+    (void)state;
+    plan_keep_case(true);
+    plan_keep_case(false);
+}
+
 /* Write-back is skipped only for data proven unchanged: evicting data that nothing touched since
  * the fault-in copies nothing back; a kernel's change, a host write through the VA or a single
  * changed word anywhere makes the next eviction copy, and the data read afterwards is the new one.
@@ -892,6 +934,7 @@ int main(void)
         cmocka_unit_test(test_launch_waits_for_moves_begun_while_it_waited),
         cmocka_unit_test(test_eviction_gives_room_before_mapping_host),
         cmocka_unit_test(test_eviction_host_map_failure_keeps_data),
+        cmocka_unit_test(test_plan_kept_allocations_are_evicted_last),
         cmocka_unit_test(test_clean_eviction_skips_write_back),
         cmocka_unit_test(test_write_back_always_without_fingerprints),
         cmocka_unit_test(test_stress_strict),
