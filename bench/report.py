@@ -174,13 +174,27 @@ def parse_simulate(text, budgets):
     m = re.search(r"host to device W = ([\d.]+) GB/s", text)
     if m:
         out["W_gb_per_s"] = float(m.group(1))
+    section = None  # "table", then "replay" (per timed iteration: late, unplanned, fault-ins)
     for line in text.splitlines():
+        if line.startswith("budget "):
+            section = "table"
+            continue
+        if line.startswith("replay, per"):
+            section = "replay"
+            continue
         m = SIM_ROW.match(line.strip())
-        if not m:
+        if not m or section is None:
             continue
         val, unit, strategy, rest = m.groups()
-        nbytes = float(val) * UNITS[unit]
         cols = rest.split()
+        if section == "replay":
+            for row in out["rows"]:
+                if row["budget_text"] == f"{val} {unit}" and row["strategy"] == strategy:
+                    for name, c in zip(["late_per_iter", "unplanned_per_iter",
+                                        "faults_per_iter"], cols[0::2]):
+                        row[name] = float(c)
+            continue
+        nbytes = float(val) * UNITS[unit]
         row = {"budget_text": f"{val} {unit}", "budget_bytes": int(nbytes), "strategy": strategy}
         if cols and cols[0] == "infeasible":
             row["infeasible"] = True
@@ -787,6 +801,9 @@ budget                 strategy             predicted ms   stall ms  offloaded M
 6906 MiB               adaptive(knapsack)         18.495     10.640          210.0      128.0      8.808     16.825
 3453 MiB               adaptive(greedy)           21.663     13.808          176.0       98.0      7.855          -
 1.50 GiB               knapsack               infeasible          -              -          -          -          -
+
+replay, per timed iteration (warm-up left out): launches that waited for a late prefetch, references to allocations the plan had on host, fault-ins
+6906 MiB               adaptive(knapsack)       19.2 late      0.0 unplanned      0.5 fault-ins
 """
 
 SHIM_SAMPLE = """[flexshim 99] info: allocations: 0 managed (0 bytes), 0 passed through (0 bytes); 0 frees
@@ -814,6 +831,8 @@ def selftest():
     s = parse_simulate(SIM_SAMPLE, [(50, 6906 * MiB), (25, 3453 * MiB)])
     check("simulate C", s.get("C_ms") == 7.855, s)
     check("simulate rows", len(s["rows"]) == 3, s)
+    check("simulate replay counters", s["rows"][0].get("late_per_iter") == 19.2 and
+          s["rows"][0].get("faults_per_iter") == 0.5 and "late_per_iter" not in s["rows"][1], s)
     check("simulate row 1", s["rows"][0]["budget_pct"] == 50 and s["rows"][0]["replay_ms"] == 16.825
           and s["rows"][0]["strategy"] == "adaptive(knapsack)", s["rows"][0])
     check("simulate row 2 no replay", s["rows"][1]["replay_ms"] is None

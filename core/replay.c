@@ -242,7 +242,10 @@ int fs_replay(const struct fs_profile *p, const struct fs_replay_config *cfg,
                rc == FS_OK)
             rc = fs_sim_stream_create(r.dev, &r.streams[r.nstreams++]);
     double start_us = (double)fs_sim_now_ns(r.dev) / 1000;
+    struct fs_engine_stats warm = {0};
     for (int it = 0; it < cfg->iterations && rc == FS_OK; it++) {
+        if (it == WARMUP)
+            fs_engine_get_stats(&warm);
         rc = run_iteration(&r, p, err, errlen);
         r.ends_us[it] = (double)fs_sim_now_ns(r.dev) / 1000;
     }
@@ -253,6 +256,10 @@ int fs_replay(const struct fs_profile *p, const struct fs_replay_config *cfg,
         out->exec = st.exec;
         out->res = st.res;
         int m = cfg->iterations - WARMUP;
+        out->timed = m;
+        out->timed_late = st.exec.late - warm.exec.late;
+        out->timed_unplanned = st.exec.unplanned - warm.exec.unplanned;
+        out->timed_faults = st.res.faults - warm.res.faults;
         double *d = r.ends_us; /* differences in place, from the end: each needs its left */
         for (int it = cfg->iterations - 1; it >= WARMUP; it--)
             d[it] -= d[it - 1];

@@ -34,8 +34,12 @@ struct fs_replay_config {
 struct fs_replay_result {
     double step_us;  /* median iteration time after the warm-up */
     double first_us; /* the first iteration (reactive until the executor finds its place) */
-    struct fs_exec_stats exec;
+    struct fs_exec_stats exec; /* totals, warm-up included */
     struct fs_res_stats res;
+    /* over the timed iterations only (after the warm-up): their number, launches that waited
+     * for a late prefetch, references to allocations the plan had on host, fault-ins */
+    int timed;
+    uint64_t timed_late, timed_unplanned, timed_faults;
 };
 
 /* FS_OK, or an error with ERR saying why (the budget is too small, out of memory, ...). */

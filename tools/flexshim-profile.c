@@ -906,9 +906,9 @@ static void replay_row(const char *cmd, const struct fs_profile *p, uint64_t byt
         return;
     }
     r->replay_us = res.step_us;
-    r->late = (double)res.exec.late / iterations;
-    r->unplanned = (double)res.exec.unplanned / iterations;
-    r->faults = (double)res.res.faults / iterations;
+    r->late = (double)res.timed_late / res.timed;
+    r->unplanned = (double)res.timed_unplanned / res.timed;
+    r->faults = (double)res.timed_faults / res.timed;
 }
 
 static int simulate_run(int argc, char **argv)
@@ -1023,8 +1023,8 @@ static int simulate_run(int argc, char **argv)
                        "infeasible", "-", "-", "-", "-", replay);
         }
         if (replay_iters)
-            printf("\nreplay, per iteration: launches that waited for a late prefetch, references "
-                   "to allocations the plan had on host, fault-ins\n");
+            printf("\nreplay, per timed iteration (warm-up left out): launches that waited for a "
+                   "late prefetch, references to allocations the plan had on host, fault-ins\n");
         for (int i = 0; i < nrows && replay_iters; i++)
             if (rows[i].rc == FS_OK && rows[i].replay_us > 0)
                 printf("%-22s %-20s %8.1f late %8.1f unplanned %8.1f fault-ins\n",
