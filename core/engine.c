@@ -549,15 +549,16 @@ void fs_engine_shutdown(void)
     FS_INFO("plan: %llu installed; %llu launches followed (%llu of the plan's skipped, %llu "
             "extra), %llu departures, %llu launches run reactively, found %llu times; %llu "
             "prefetches (%llu bytes moved in) and %llu evictions queued; %llu late and %llu "
-            "unplanned references; %llu evictions skipped (in use), %llu failed moves, %llu "
-            "dropped, %llu give-ups; %llu moves overlapped (at most %llu at once)",
+            "unplanned references; %.1f ms waited for late prefetches; %llu evictions skipped "
+            "(in use), %llu failed moves, %llu dropped, %llu give-ups; %llu moves overlapped (at "
+            "most %llu at once)",
             (unsigned long long)x.plans, (unsigned long long)x.synced,
             (unsigned long long)x.skipped, (unsigned long long)x.extra,
             (unsigned long long)x.departures, (unsigned long long)x.lost_launches,
             (unsigned long long)x.syncs, (unsigned long long)x.prefetches,
             (unsigned long long)s.res.prefetched_bytes, (unsigned long long)x.evictions,
             (unsigned long long)x.late, (unsigned long long)x.unplanned,
-            (unsigned long long)x.evict_busy, (unsigned long long)x.move_failures,
+            (double)x.late_wait_ns / 1e6, (unsigned long long)x.evict_busy, (unsigned long long)x.move_failures,
             (unsigned long long)x.dropped, (unsigned long long)x.give_ups,
             (unsigned long long)x.overlapped, (unsigned long long)x.max_inflight);
 }

@@ -676,10 +676,12 @@ void fs_exec_launch_enter(struct fs_executor *x, struct fs_launch_ticket *t)
             continue;
         }
         x->stats.late++;
+        uint64_t t0 = fs_now_ns();
         /* The plan may be replaced while this waits: check the bound again each time. */
         while (fs_exec_running(x) && a->id < (uint64_t)x->prof.nallocs &&
                x->pending[a->id] > 0)
             pthread_cond_wait(&x->done, &x->lock);
+        x->stats.late_wait_ns += fs_now_ns() - t0;
         if (!fs_exec_running(x))
             break;
     }

@@ -55,6 +55,7 @@ struct fs_exec_stats {
     uint64_t evictions;        /* evictions queued */
     uint64_t late;             /* references to planned-present allocations not on the device
                                 * when the launch was about to be queued (the thread waited) */
+    uint64_t late_wait_ns;     /* time the launching threads spent waiting for late prefetches */
     uint64_t unplanned;        /* references to allocations the plan had on host there */
     uint64_t evict_busy;       /* evictions skipped: a launch held the allocation */
     uint64_t move_failures;    /* moves that failed (the residency engine said why) */

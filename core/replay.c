@@ -39,6 +39,7 @@ struct replay {
     int nstreams;
     double *ends_us;         /* per iteration */
     uint64_t program_free_ns; /* when the program thread's last call returned (sim clock) */
+    uint64_t hook_ns;         /* sim clock time the program thread spent in the launch hook */
     bool engine_started;
 };
 
@@ -184,7 +185,9 @@ static int run_iteration(struct replay *r, const struct fs_profile *p, char *err
             .nptrs = n,
         };
         struct fs_launch_ticket t;
-        fs_engine_launch_enter(&d, &t);
+        uint64_t t0 = fs_sim_now_ns(r->dev);
+        fs_engine_launch_enter(&d, &t); /* waits here for late prefetches, faults in */
+        r->hook_ns += fs_sim_now_ns(r->dev) - t0;
         int rc = fs_sim_launch(r->dev, d.stream, (uint64_t)(l->duration_us * 1000), ptrs, sizes,
                                n < FS_SIM_MAX_KERNEL_PTRS ? n : FS_SIM_MAX_KERNEL_PTRS, NULL,
                                NULL);
@@ -244,8 +247,10 @@ int fs_replay(const struct fs_profile *p, const struct fs_replay_config *cfg,
     double start_us = (double)fs_sim_now_ns(r.dev) / 1000;
     struct fs_engine_stats warm = {0};
     for (int it = 0; it < cfg->iterations && rc == FS_OK; it++) {
-        if (it == WARMUP)
+        if (it == WARMUP) {
             fs_engine_get_stats(&warm);
+            r.hook_ns = 0;
+        }
         rc = run_iteration(&r, p, err, errlen);
         r.ends_us[it] = (double)fs_sim_now_ns(r.dev) / 1000;
     }
@@ -260,6 +265,7 @@ int fs_replay(const struct fs_profile *p, const struct fs_replay_config *cfg,
         out->timed_late = st.exec.late - warm.exec.late;
         out->timed_unplanned = st.exec.unplanned - warm.exec.unplanned;
         out->timed_faults = st.res.faults - warm.res.faults;
+        out->timed_hook_us = (double)r.hook_ns / 1000;
         double *d = r.ends_us; /* differences in place, from the end: each needs its left */
         for (int it = cfg->iterations - 1; it >= WARMUP; it--)
             d[it] -= d[it - 1];

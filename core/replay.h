@@ -40,6 +40,7 @@ struct fs_replay_result {
      * for a late prefetch, references to allocations the plan had on host, fault-ins */
     int timed;
     uint64_t timed_late, timed_unplanned, timed_faults;
+    double timed_hook_us; /* the program's thread in the launch hook (those waits, fault-ins) */
 };
 
 /* FS_OK, or an error with ERR saying why (the budget is too small, out of memory, ...). */

@@ -140,7 +140,6 @@ void fs_res_prepin(struct fs_residency *res, const uint64_t *sizes, int n)
     memcpy(copy, sizes, (size_t)n * sizeof(*copy));
     pthread_mutex_lock(&res->lock);
     free(res->prepin);
-    free(res->plan_keep);
     res->prepin = copy;
     res->nprepin = n;
     res->prepin_next = 0;
@@ -229,6 +228,7 @@ void fs_res_destroy(struct fs_residency *res)
         pthread_join(res->pinner, NULL);
     }
     free(res->prepin);
+    free(res->plan_keep);
     fs_dev_call(res->dev, ctx_sync);
     for (int i = 0; i < res->nallocs; i++) {
         alloc_release_memory(res, res->allocs[i]);

@@ -45,6 +45,11 @@ static void test_everything_resident_takes_the_compute_time(void **state)
     assert_true(unused > 0);
     assert_int_equal(r.res.evictions, unused);
     assert_int_equal(r.res.faults, 0);
+    /* Nothing to wait for: no late launch, no time in the launch hook on the simulated clock. */
+    assert_int_equal(r.timed, 4);
+    assert_int_equal(r.timed_late, 0);
+    assert_int_equal(r.exec.late_wait_ns, 0);
+    assert_true(r.timed_hook_us < 1.0);
     assert_int_equal(r.exec.plans, 1);
     assert_true(r.exec.synced > 0);
     fs_profile_free(&p);
@@ -89,6 +94,14 @@ static void test_offloading_moves_every_iteration(void **state)
     assert_int_equal(r.exec.move_failures, 0);
     assert_int_equal(r.exec.departures, 0);
     assert_true(r.res.device_bytes_peak <= 128 * MIB);
+    /* The link is the bottleneck: launches wait for late prefetches, for at least half the time
+     * over the compute (on the simulated clock, timed iterations; the executor's own count is
+     * wall time). The thread may also wait while the device still computes: it can be more. */
+    assert_int_equal(r.timed, ITERS - 2);
+    assert_true(r.timed_late > 0);
+    assert_true(r.exec.late_wait_ns > 0);
+    double over = (r.step_us - compute_us(&p)) * r.timed;
+    assert_true(r.timed_hook_us > 0.5 * over && r.timed_hook_us <= r.step_us * r.timed);
     fs_profile_free(&p);
 }
 

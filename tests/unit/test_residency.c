@@ -506,7 +506,11 @@ static void test_prepin_fills_the_host_pool_ahead(void **state)
     assert_int_equal(fs_res_init(&e.res, e.dev, &rc), FS_OK);
     assert_int_equal(fs_launch_init(e.dev), FS_OK);
     uint64_t sizes[2] = {32 * MIB, 32 * MIB};
+    /* A plan's kept set outlives the pre-pinning (it once freed the set: a double free below). */
+    uint8_t keep[2] = {1, 0};
+    assert_int_equal(fs_res_set_plan_keep(&e.res, keep, 2), FS_OK);
     fs_res_prepin(&e.res, sizes, 2);
+    assert_int_equal(fs_res_set_plan_keep(&e.res, keep, 2), FS_OK);
     struct fs_res_stats st;
     for (int i = 0; i < 2000; i++) { /* at most 2 s */
         fs_res_get_stats(&e.res, &st);
