@@ -96,7 +96,9 @@ struct sim_kernel {
 struct sim_op {
     enum sim_op_kind kind;
     enum sim_dir dir;
-    uint64_t end_ns, seq;
+    struct fs_stream_ *stream;
+    bool by_engine;
+    uint64_t start_ns, end_ns, seq;
     int nranges;
     fs_dptr va[FS_SIM_MAX_KERNEL_PTRS];
     uint64_t len[FS_SIM_MAX_KERNEL_PTRS];
@@ -130,6 +132,8 @@ struct sim {
     struct sim_op **pending; /* sorted by (end, seq) descending: the next to run is last */
     size_t npending, cap_pending;
     uint64_t ncapturing; /* streams marked capturing (the default stream included) */
+    fs_sim_record_fn recorder; /* fs_sim_set_recorder */
+    void *recorder_arg;
     struct sim_kernel *kernels;
     size_t nkernels, cap_kernels;
 };
@@ -353,6 +357,29 @@ static void exec_kernel(struct sim *s, const struct sim_op *op)
         op->fn(op->ctx, ptrs, op->nranges);
 }
 
+static void record(struct sim *s, const struct sim_op *op)
+{
+    struct fs_sim_record r = {
+        .stream = op->stream == &s->default_stream ? NULL : op->stream,
+        .start_ns = op->start_ns,
+        .end_ns = op->end_ns,
+        .by_engine = op->by_engine,
+    };
+    if (op->kind == OPK_COPY) {
+        r.kind = op->dir == DIR_H2D ? FS_SIM_REC_COPY_H2D
+                 : op->dir == DIR_D2H ? FS_SIM_REC_COPY_D2H
+                                      : FS_SIM_REC_COPY_OTHER;
+        r.dst = op->va[0];
+        r.src = op->va[1];
+        r.bytes = op->len[0];
+    } else {
+        r.kind = op->fp_parts ? FS_SIM_REC_FINGERPRINT : FS_SIM_REC_KERNEL;
+        r.src = op->nranges ? op->va[0] : 0;
+        r.bytes = op->fp_parts ? op->len[0] : 0;
+    }
+    s->recorder(s->recorder_arg, &r);
+}
+
 /* Move the clock to TARGET (never backwards), executing every pending operation that ends by
  * then, in (end, enqueue) order. */
 static int run_until(struct sim *s, uint64_t target)
@@ -364,6 +391,8 @@ static int run_until(struct sim *s, uint64_t target)
             exec_copy(s, op);
         else
             exec_kernel(s, op);
+        if (s->recorder)
+            record(s, op);
         free(op);
     }
     s->now_ns = max_u64(s->now_ns, target);
@@ -381,6 +410,9 @@ static int enqueue(struct sim *s, struct sim_op *op, struct fs_stream_ *stream,
     uint64_t start = max_u64(max_u64(s->now_ns, stream->tail_ns), s->engine_free_ns[engine]);
     if (fs_thread_internal)
         start = max_u64(start, tl_host_ready_ns);
+    op->stream = stream;
+    op->by_engine = fs_thread_internal;
+    op->start_ns = start;
     op->end_ns = start + duration_ns;
     op->seq = s->seq++;
     s->engine_free_ns[engine] = op->end_ns;
@@ -1402,6 +1434,17 @@ int fs_sim_register_kernel(struct fs_device *dev, const void *func, const uint32
     }
     pthread_mutex_unlock(&s->lock);
     return rc;
+}
+
+void fs_sim_set_recorder(struct fs_device *dev, fs_sim_record_fn fn, void *arg)
+{
+    struct sim *s = sim_of(dev);
+    if (!s)
+        return;
+    pthread_mutex_lock(&s->lock);
+    s->recorder = fn;
+    s->recorder_arg = arg;
+    pthread_mutex_unlock(&s->lock);
 }
 
 void fs_sim_get_stats(struct fs_device *dev, struct fs_sim_stats *out)

@@ -131,6 +131,30 @@ void fs_sim_set_capturing(struct fs_device *dev, fs_stream stream, bool capturin
 int fs_sim_register_kernel(struct fs_device *dev, const void *func, const uint32_t *offsets,
                            const uint32_t *sizes, int n);
 
+/* An executed operation, for drawing the simulated timeline. */
+enum fs_sim_rec_kind {
+    FS_SIM_REC_KERNEL,      /* a program's kernel (fs_sim_launch) */
+    FS_SIM_REC_FINGERPRINT, /* the engine's fingerprint kernel */
+    FS_SIM_REC_COPY_H2D,
+    FS_SIM_REC_COPY_D2H,
+    FS_SIM_REC_COPY_OTHER, /* device to device, host to host */
+};
+
+struct fs_sim_record {
+    enum fs_sim_rec_kind kind;
+    fs_stream stream;      /* the stream it was queued on (NULL: the default stream) */
+    fs_dptr dst, src;      /* copies; a kernel's first range is SRC */
+    uint64_t bytes;        /* copies and fingerprints */
+    uint64_t start_ns, end_ns; /* on the simulated clock */
+    bool by_engine;        /* queued by an engine thread (fs_thread_internal) */
+};
+
+typedef void (*fs_sim_record_fn)(void *arg, const struct fs_sim_record *rec);
+
+/* FN (NULL: none) is called for every operation as it completes, in completion order, with the
+ * device's lock held: it must not call the device. */
+void fs_sim_set_recorder(struct fs_device *dev, fs_sim_record_fn fn, void *arg);
+
 void fs_sim_get_stats(struct fs_device *dev, struct fs_sim_stats *out);
 
 #endif

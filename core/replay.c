@@ -1,5 +1,6 @@
 #include "replay.h"
 
+#include <pthread.h>
 #include <stdarg.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -41,10 +42,20 @@ struct replay {
     uint64_t program_free_ns; /* when the program thread's last call returned (sim clock) */
     uint64_t hook_ns;         /* sim clock time the program thread spent in the launch hook */
     bool engine_started;
+    /* tracing the last iteration (cfg->trace) */
+    const struct fs_profile *p;
+    const struct fs_replay_config *cfg;
+    bool tracing;
+    uint64_t trace_t0_ns;     /* the traced iteration's start */
+    int *fifo;                /* per program stream, its launches queued and not yet done */
+    int *fifo_head, *fifo_tail;
+    pthread_mutex_t trace_lock; /* one sink call at a time */
 };
 
 static void cleanup(struct replay *r)
 {
+    if (r->tracing)
+        fs_sim_set_recorder(r->dev, NULL, NULL);
     if (r->engine_started)
         fs_engine_teardown();
     for (int i = 0; i < r->nstreams; i++)
@@ -58,6 +69,10 @@ static void cleanup(struct replay *r)
     free(r->kernel_of);
     free(r->va);
     free(r->ends_us);
+    free(r->fifo);
+    free(r->fifo_head);
+    free(r->fifo_tail);
+    pthread_mutex_destroy(&r->trace_lock);
 }
 
 /* The simulated device with the profile's memory and link, moving no bytes. */
@@ -161,6 +176,72 @@ static int start_engine(struct replay *r, const struct fs_replay_config *cfg, ch
     return FS_OK;
 }
 
+static double us_since(const struct replay *r, uint64_t ns)
+{
+    return ((double)ns - (double)r->trace_t0_ns) / 1000;
+}
+
+static void trace_event(struct replay *r, const struct fs_tl_event *ev)
+{
+    pthread_mutex_lock(&r->trace_lock);
+    r->cfg->trace(ev, r->cfg->trace_arg);
+    pthread_mutex_unlock(&r->trace_lock);
+}
+
+/* The allocation whose VA range holds VA, or -1 (a device block's own staging address). */
+static int alloc_at(const struct replay *r, fs_dptr va)
+{
+    for (int a = 0; a < r->p->nallocs; a++)
+        if (va >= r->va[a] && va - r->va[a] < r->p->allocs[a].mapped)
+            return a;
+    return -1;
+}
+
+/* The simulated device's record of a completed operation, as a trace event (sim lock held). */
+static void on_record(void *arg, const struct fs_sim_record *rec)
+{
+    struct replay *r = arg;
+    struct fs_tl_event ev = {.launch = -1, .alloc = -1, .bytes = rec->bytes,
+                             .start_us = us_since(r, rec->start_ns),
+                             .end_us = us_since(r, rec->end_ns)};
+    if (rec->kind == FS_SIM_REC_KERNEL) {
+        int s = 0;
+        while (s < r->nstreams && r->streams[s] != rec->stream)
+            s++;
+        if (s == r->nstreams || r->fifo_head[s] == r->fifo_tail[s])
+            return; /* not one of the traced iteration's launches */
+        ev.lane = FS_TL_COMPUTE;
+        ev.launch = r->fifo[(size_t)s * (size_t)r->p->nlaunches + (size_t)r->fifo_head[s]++];
+        ev.bytes = 0;
+    } else if (rec->kind == FS_SIM_REC_COPY_H2D || rec->kind == FS_SIM_REC_COPY_D2H) {
+        /* Prefetches and fault-ins read the allocation's VA (mapped to host memory), evictions
+         * write its host block from the VA. */
+        ev.lane = rec->kind == FS_SIM_REC_COPY_H2D ? FS_TL_H2D : FS_TL_D2H;
+        ev.fault_in = ev.lane == FS_TL_H2D && !rec->by_engine;
+        ev.alloc = alloc_at(r, rec->src);
+        if (ev.alloc < 0)
+            return;
+    } else {
+        return; /* fingerprints and other copies are not drawn */
+    }
+    trace_event(r, &ev);
+}
+
+/* Start tracing: what completes from now on, the launches queued from now on. */
+static int trace_begin(struct replay *r, const struct fs_profile *p)
+{
+    size_t n = (size_t)p->nlaunches;
+    r->fifo = malloc(64 * n * sizeof(*r->fifo));
+    r->fifo_head = calloc(64, sizeof(*r->fifo_head));
+    r->fifo_tail = calloc(64, sizeof(*r->fifo_tail));
+    if (!r->fifo || !r->fifo_head || !r->fifo_tail)
+        return FS_ERR_NOMEM;
+    r->trace_t0_ns = fs_sim_now_ns(r->dev);
+    r->tracing = true;
+    fs_sim_set_recorder(r->dev, on_record, r);
+    return FS_OK;
+}
+
 /* One iteration of the profile's launches through the engine. The program thread spends each
  * launch's host time (host_us) before queueing it, starting when its previous launch returned:
  * it moves the clock only if nothing else (the mover's remaps, waits) already took it there. */
@@ -187,7 +268,16 @@ static int run_iteration(struct replay *r, const struct fs_profile *p, char *err
         struct fs_launch_ticket t;
         uint64_t t0 = fs_sim_now_ns(r->dev);
         fs_engine_launch_enter(&d, &t); /* waits here for late prefetches, faults in */
-        r->hook_ns += fs_sim_now_ns(r->dev) - t0;
+        uint64_t t1 = fs_sim_now_ns(r->dev);
+        r->hook_ns += t1 - t0;
+        if (r->tracing) {
+            int s = l->stream < 64 ? (int)l->stream : 63;
+            r->fifo[(size_t)s * (size_t)p->nlaunches + (size_t)r->fifo_tail[s]++] = i;
+            if (t1 > t0)
+                trace_event(r, &(struct fs_tl_event){.lane = FS_TL_WAIT, .launch = i, .alloc = -1,
+                                                      .start_us = us_since(r, t0),
+                                                      .end_us = us_since(r, t1)});
+        }
         int rc = fs_sim_launch(r->dev, d.stream, (uint64_t)(l->duration_us * 1000), ptrs, sizes,
                                n < FS_SIM_MAX_KERNEL_PTRS ? n : FS_SIM_MAX_KERNEL_PTRS, NULL,
                                NULL);
@@ -218,7 +308,8 @@ int fs_replay(const struct fs_profile *p, const struct fs_replay_config *cfg,
                "64 MiB)", (unsigned long long)cfg->budget);
         return FS_ERR_CONFIG;
     }
-    struct replay r = {0};
+    struct replay r = {.p = p, .cfg = cfg};
+    pthread_mutex_init(&r.trace_lock, NULL);
     int rc = open_device(p, &r.dev);
     if (rc != FS_OK) {
         seterr(err, errlen, "the simulated device cannot be set up for this profile (%s)",
@@ -251,11 +342,21 @@ int fs_replay(const struct fs_profile *p, const struct fs_replay_config *cfg,
             fs_engine_get_stats(&warm);
             r.hook_ns = 0;
         }
+        if (it == cfg->iterations - 1 && cfg->trace && (rc = trace_begin(&r, p)) != FS_OK) {
+            seterr(err, errlen, "out of memory");
+            break;
+        }
         rc = run_iteration(&r, p, err, errlen);
         r.ends_us[it] = (double)fs_sim_now_ns(r.dev) / 1000;
     }
     if (rc == FS_OK) {
         fs_engine_drain_moves();
+        if (r.tracing) { /* the moves the last iteration started, up to the end */
+            rc = r.dev->ops->ctx_sync(r.dev);
+            fs_sim_set_recorder(r.dev, NULL, NULL);
+        }
+    }
+    if (rc == FS_OK) {
         struct fs_engine_stats st;
         fs_engine_get_stats(&st);
         out->exec = st.exec;

@@ -16,6 +16,7 @@
 #include "executor.h"
 #include "profile.h"
 #include "residency.h"
+#include "strategies/strategy.h"
 
 /* Host time per GiB mapped or unmapped, measured on the H200 machine (DESIGN.md): device memory
  * map + set access about 0.1 ms, unmap 0.05 ms; pinned host memory map + set access about
@@ -29,6 +30,12 @@ struct fs_replay_config {
     uint64_t budget;      /* GPU_MEMORY_LIMIT in bytes (at least 64 MiB) */
     const char *strategy; /* NULL: the profile's plan if made for BUDGET, else adaptive */
     int iterations;       /* run; the first two are warm-up */
+    /* Optional: the last iteration as it ran on the simulated device, one event per kernel
+     * (compute), copy in (H2D) and out (D2H) of an allocation, and stretch the program's thread
+     * spent in the launch hook (wait), in microseconds from that iteration's start. Called from
+     * several threads, one call at a time. */
+    fs_tl_sink trace;
+    void *trace_arg;
 };
 
 struct fs_replay_result {

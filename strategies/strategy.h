@@ -39,18 +39,26 @@ int fs_plan_evaluate(const struct fs_profile *p, struct fs_plan *plan);
  * Times are microseconds from the iteration's start (the end of the previous iteration's last
  * launch): the launches lie within [0, predicted_us]; a transfer may end after predicted_us (it
  * overlaps the next iteration, as the previous iteration's tail overlaps this one's start). */
-enum fs_tl_lane { FS_TL_COMPUTE, FS_TL_H2D, FS_TL_D2H };
+enum fs_tl_lane {
+    FS_TL_COMPUTE,
+    FS_TL_H2D,
+    FS_TL_D2H,
+    FS_TL_WAIT, /* only in a replay (core/replay.h): the program's thread held in the launch hook */
+};
 
 struct fs_tl_event {
     enum fs_tl_lane lane;
     int launch;      /* compute: the launch; H2D: the launch whose queueing issues the prefetch
                       * (prefetch_at); D2H: the launch after which it is written back
-                      * (evict_after) */
+                      * (evict_after); wait: the launch being queued; -1 where a replay does
+                      * not know it (its transfers) */
     int alloc;       /* H2D, D2H: the allocation moved; compute: the offloaded allocation whose
                       * prefetch it waited for (the latest ready), or -1 */
     uint64_t bytes;  /* H2D, D2H: mapped bytes moved; compute: 0 */
     double start_us, end_us;
     double wait_us;  /* compute: how long it waited for that prefetch (its stall); else 0 */
+    bool fault_in;   /* H2D in a replay: queued by the program's thread (a fault-in), not by
+                      * the plan's mover */
 };
 
 typedef void (*fs_tl_sink)(const struct fs_tl_event *ev, void *arg);

@@ -892,12 +892,25 @@ static int pick_strategies(const char *cmd, const char *name, bool allow_all,
     return -1;
 }
 
+/* --replay N: *OUT = N (3 to 1000); -1, or the exit code after a message. */
+static int parse_replay(const char *cmd, const char *text, int *out)
+{
+    char *end;
+    errno = 0;
+    long v = strtol(text, &end, 10);
+    if (errno || end == text || *end || v < 3 || v > 1000)
+        return usage_error(cmd, "--replay '%s' is not a number of iterations from 3 to 1000",
+                           text);
+    *out = (int)v;
+    return -1;
+}
+
 /* The plan of STRATEGY for BYTES replayed on the simulated device: R's median iteration time
  * (0: failed, said why on stderr) and what its launches waited for. */
 static void replay_row(const char *cmd, const struct fs_profile *p, uint64_t bytes,
                        const char *strategy, int iterations, struct sim_row *r)
 {
-    struct fs_replay_config rc = {bytes, strategy, iterations};
+    struct fs_replay_config rc = {bytes, strategy, iterations, NULL, NULL};
     struct fs_replay_result res;
     char err[512] = "";
     r->replay_us = 0;
@@ -923,15 +936,8 @@ static int simulate_run(int argc, char **argv)
         return usage_error(c->name, "--budget is required: one or more sizes such as 8GiB or 60%%, "
                                     "separated by commas");
     int replay_iters = 0;
-    if (a.replay) {
-        char *end;
-        errno = 0;
-        long v = strtol(a.replay, &end, 10);
-        if (errno || *end || v < 3 || v > 1000)
-            return usage_error(c->name, "--replay '%s' is not a number of iterations from 3 to "
-                                        "1000", a.replay);
-        replay_iters = (int)v;
-    }
+    if (a.replay && (rc = parse_replay(c->name, a.replay, &replay_iters)) >= 0)
+        return rc;
     const struct fs_strategy *strat[FS_MAX_STRATEGIES + 1];
     if ((rc = pick_strategies(c->name, a.strategy, true, strat)) >= 0)
         return rc;
@@ -1044,6 +1050,7 @@ static int simulate_run(int argc, char **argv)
 static void trace_help(FILE *out)
 {
     fputs("usage: flexshim-profile trace FILE -o OUT.json [--budget SIZE] [--strategy NAME]\n"
+          "                              [--replay N]\n"
           "\n"
           "Writes the planned iteration of the profile FILE as Chrome trace-event JSON, which\n"
           "Perfetto (ui.perfetto.dev) and chrome://tracing open: process \"flexshim plan\" with\n"
@@ -1061,17 +1068,23 @@ static void trace_help(FILE *out)
           "                         percentage of the managed bytes (the mapped bytes of the\n"
           "                         allocations some launch uses) such as 60%\n"
           "  --strategy NAME        plan again with adaptive, knapsack, greedy or global\n"
+          "  --replay N             draw the plan as flexshim's engine runs it on the simulated\n"
+          "                         device instead (as simulate --replay N: the last of N\n"
+          "                         iterations, 3 to 1000): process \"flexshim plan, replayed\",\n"
+          "                         its kernels, its copies in (prefetches, fault-ins) and out\n"
+          "                         (write-backs), and a fourth lane, the program's thread held in\n"
+          "                         the launch hook (waiting for a late prefetch, faulting in)\n"
           "Without either the saved plan is drawn; --budget alone keeps the saved plan's strategy\n"
           "(adaptive if there is none), --strategy alone the saved plan's budget.\n",
           out);
 }
 
-enum { TID_COMPUTE = 1, TID_H2D = 2, TID_D2H = 3 };
+enum { TID_COMPUTE = 1, TID_H2D = 2, TID_D2H = 3, TID_WAIT = 4 };
 
 struct trace_ctx {
     const struct fs_profile *p;
     json_t *events;
-    int count[3];
+    int count[4]; /* by enum fs_tl_lane */
     bool failed;
 };
 
@@ -1110,12 +1123,23 @@ static void trace_sink(const struct fs_tl_event *ev, void *arg)
                                dur, "args", args));
         return;
     }
+    if (ev->lane == FS_TL_WAIT) {
+        add_event(t, json_pack("{s:s, s:s, s:s, s:i, s:i, s:f, s:f, s:{s:i}}", "name",
+                               "waiting in the launch hook", "cat", "wait", "ph", "X", "pid", 1,
+                               "tid", TID_WAIT, "ts", ev->start_us, "dur", dur, "args", "launch",
+                               ev->launch));
+        return;
+    }
     bool h2d = ev->lane == FS_TL_H2D;
     char name[96];
-    snprintf(name, sizeof(name), "%s alloc %d (%.1f MiB)", h2d ? "prefetch" : "write-back",
-             ev->alloc, mib(ev->bytes));
-    json_t *args = json_pack("{s:i, s:I, s:i}", "alloc", ev->alloc, "bytes", (json_int_t)ev->bytes,
-                             h2d ? "issued_at_launch" : "after_launch", ev->launch);
+    snprintf(name, sizeof(name), "%s alloc %d (%.1f MiB)",
+             !h2d ? "write-back" : ev->fault_in ? "fault-in" : "prefetch", ev->alloc,
+             mib(ev->bytes));
+    json_t *args = json_pack("{s:i, s:I}", "alloc", ev->alloc, "bytes", (json_int_t)ev->bytes);
+    if (args && ev->launch >= 0 &&
+        json_object_set_new(args, h2d ? "issued_at_launch" : "after_launch",
+                            json_integer(ev->launch)) != 0)
+        t->failed = true;
     if (args && h2d &&
         json_object_set_new(args, "first_use", json_integer(p->allocs[ev->alloc].first_use)) != 0)
         t->failed = true;
@@ -1124,7 +1148,8 @@ static void trace_sink(const struct fs_tl_event *ev, void *arg)
                            h2d ? TID_H2D : TID_D2H, "ts", ev->start_us, "dur", dur, "args", args));
 }
 
-static void add_metadata(struct trace_ctx *t)
+/* Process and lane names; a replay has a fourth lane, the program's waits. */
+static void add_metadata(struct trace_ctx *t, bool replay)
 {
     static const struct {
         int tid;
@@ -1133,10 +1158,12 @@ static void add_metadata(struct trace_ctx *t)
         {TID_COMPUTE, "compute"},
         {TID_H2D, "host to device"},
         {TID_D2H, "device to host"},
+        {TID_WAIT, "program's thread in the launch hook"},
     };
     add_event(t, json_pack("{s:s, s:s, s:i, s:i, s:{s:s}}", "name", "process_name", "ph", "M",
-                           "pid", 1, "tid", 0, "args", "name", "flexshim plan"));
-    for (size_t i = 0; i < FS_ARRAY_LEN(lanes); i++) {
+                           "pid", 1, "tid", 0, "args", "name",
+                           replay ? "flexshim plan, replayed" : "flexshim plan"));
+    for (size_t i = 0; i < FS_ARRAY_LEN(lanes) - (replay ? 0 : 1); i++) {
         add_event(t, json_pack("{s:s, s:s, s:i, s:i, s:{s:s}}", "name", "thread_name", "ph", "M",
                                "pid", 1, "tid", lanes[i].tid, "args", "name", lanes[i].name));
         add_event(t, json_pack("{s:s, s:s, s:i, s:i, s:{s:i}}", "name", "thread_sort_index", "ph",
@@ -1221,15 +1248,42 @@ static int write_json(const char *cmd, json_t *root, const char *out)
     return rc;
 }
 
+/* The plan replayed on the simulated device for ITERATIONS, its last iteration drawn into T.
+ * PLAN is the saved plan (its entries NULL: trace_plan left it to eval_saved_plan) or a new one;
+ * the replay's engine plans the same again (same profile, budget and strategy). -1, or the exit
+ * code after a message. */
+static int trace_replay(const char *cmd, const struct fs_profile *p, struct fs_plan *plan,
+                        int iterations, struct trace_ctx *t, struct fs_replay_result *res)
+{
+    char why[512] = "";
+    if (!plan->entries && eval_saved_plan(p, plan, NULL, NULL, why, sizeof(why)) != FS_OK) {
+        error(cmd, "the profile's plan: %s; plan it again", why);
+        return EXIT_CHECK_FAILED;
+    }
+    char base[sizeof(plan->strategy)];
+    snprintf(base, sizeof(base), "%s", plan->strategy);
+    base[strcspn(base, "(")] = '\0';
+    struct fs_replay_config cfg = {plan->budget, fs_strategy_find(base) ? base : NULL, iterations,
+                                   trace_sink, t};
+    if (fs_replay(p, &cfg, res, why, sizeof(why)) != FS_OK) {
+        error(cmd, "replay: %s", why);
+        return EXIT_CHECK_FAILED;
+    }
+    return -1;
+}
+
 static int trace_run(int argc, char **argv)
 {
     const struct command *c = command_named("trace");
     struct args a;
-    int rc = parse_args(c, argc, argv, OPT_BUDGET | OPT_STRATEGY | OPT_OUT, &a);
+    int rc = parse_args(c, argc, argv, OPT_BUDGET | OPT_STRATEGY | OPT_OUT | OPT_REPLAY, &a);
     if (rc >= 0)
         return rc;
     if (!a.out)
         return usage_error(c->name, "-o OUT.json is required: the trace file to write");
+    int replay_iters = 0;
+    if (a.replay && (rc = parse_replay(c->name, a.replay, &replay_iters)) >= 0)
+        return rc;
     const struct fs_strategy *strat[FS_MAX_STRATEGIES + 1];
     if (a.strategy && (rc = pick_strategies(c->name, a.strategy, false, strat)) >= 0)
         return rc;
@@ -1243,18 +1297,22 @@ static int trace_run(int argc, char **argv)
         return rc;
     }
     struct fs_plan plan = {0};
-    struct trace_ctx t = {&p, json_array(), {0, 0, 0}, false};
+    struct trace_ctx t = {&p, json_array(), {0, 0, 0, 0}, false};
+    struct fs_replay_result res = {0};
     json_t *root = NULL;
     char why[512];
     if (!t.events) {
         t.failed = true;
         goto out;
     }
-    add_metadata(&t);
+    add_metadata(&t, replay_iters > 0);
     rc = trace_plan(c->name, &a, &p, a.strategy ? strat[0] : NULL, budget, &plan);
     if (rc >= 0)
         goto out;
-    if (!a.budget && !a.strategy) {
+    if (replay_iters > 0) {
+        if ((rc = trace_replay(c->name, &p, &plan, replay_iters, &t, &res)) >= 0)
+            goto out;
+    } else if (!a.budget && !a.strategy) {
         if (eval_saved_plan(&p, &plan, trace_sink, &t, why, sizeof(why)) != FS_OK) {
             error(c->name, "profile %s: %s; plan it again", a.file, why);
             rc = EXIT_CHECK_FAILED;
@@ -1272,7 +1330,14 @@ static int trace_run(int argc, char **argv)
                      plan.strategy, "budget_bytes", (json_int_t)plan.budget, "predicted_ms",
                      ms(plan.predicted_us), "stall_ms", ms(plan.predicted_stall_us),
                      "peak_bytes", (json_int_t)plan.peak_bytes, "model",
-                     "flexshim timeline model of the planned iteration, not a GPU run");
+                     replay_iters ? "flexshim's engine running the plan on the simulated device "
+                                    "(the last replayed iteration), not a GPU run"
+                                  : "flexshim timeline model of the planned iteration, not a GPU "
+                                    "run");
+    if (root && replay_iters &&
+        json_object_set_new(json_object_get(root, "otherData"), "replay_median_ms",
+                            json_real(ms(res.step_us))) != 0)
+        t.failed = true;
     if (!root || t.failed) {
         t.failed = true;
         goto out;
@@ -1281,7 +1346,13 @@ static int trace_run(int argc, char **argv)
     if (nev > 100000)
         fprintf(stderr, "%s: writing %zu events to %s\n", c->name, nev, a.out);
     rc = write_json(c->name, root, a.out);
-    if (rc == EXIT_OK)
+    if (rc == EXIT_OK && replay_iters)
+        printf("wrote %s: %zu events (%d launches, %d copies in: prefetches and fault-ins, %d "
+               "write-backs, %d waits in the launch hook; the last of %d replayed iterations, "
+               "median %.3f ms; timeline model %.3f ms)\n",
+               a.out, nev, t.count[FS_TL_COMPUTE], t.count[FS_TL_H2D], t.count[FS_TL_D2H],
+               t.count[FS_TL_WAIT], replay_iters, ms(res.step_us), ms(plan.predicted_us));
+    else if (rc == EXIT_OK)
         printf("wrote %s: %zu events (%d launches, %d prefetches, %d write-backs; predicted %.3f "
                "ms, stall %.3f ms)\n",
                a.out, nev, t.count[FS_TL_COMPUTE], t.count[FS_TL_H2D], t.count[FS_TL_D2H],

@@ -182,6 +182,51 @@ python3 "$tmp/check_trace.py" "$tmp/replan.json" 7 7.855 >"$tmp/why" 2>&1 && ok 
 run "$tmp/o" "$tmp/e" trace "$SMALL" -o "$tmp/b.json" --budget 128MiB
 expect "trace: --budget alone keeps the saved plan's strategy" "$tmp/e" 'planning with adaptive at budget 128 MiB'
 expect "trace: --budget alone: the new plan's prediction" "$tmp/o" 'predicted 18\.495 ms, stall 10\.640 ms\)$'
+# The plan as flexshim's engine ran it on the simulated device (the last replayed iteration).
+run "$tmp/o" "$tmp/e" trace "$SMALL" -o "$tmp/replay.json" --budget 128MiB --replay 6
+expect_rc "trace --replay: exits 0" 0 $rc "$tmp/e"
+expect "trace --replay: says what it drew" "$tmp/o" "^wrote $tmp/replay\.json: [0-9]+ events \(7 launches, [1-9][0-9]* copies in: prefetches and fault-ins, [0-9]+ write-backs, [0-9]+ waits in the launch hook; the last of 6 replayed iterations, median [0-9.]+ ms; timeline model 18\.495 ms\)$"
+cat >"$tmp/check_replay.py" <<'EOF'
+# check_replay.py TRACE NLAUNCHES: a replay trace's structure; prints what is wrong.
+import json, sys
+d = json.load(open(sys.argv[1]))
+n = int(sys.argv[2])
+bad = []
+ev = d["traceEvents"]
+procs = [e["args"]["name"] for e in ev if e["ph"] == "M" and e["name"] == "process_name"]
+if procs != ["flexshim plan, replayed"]:
+    bad.append("process name: %r" % procs)
+lanes = {e["tid"]: e["args"]["name"] for e in ev if e["ph"] == "M" and e["name"] == "thread_name"}
+want = ["compute", "host to device", "device to host", "program's thread in the launch hook"]
+if sorted(lanes.values()) != sorted(want):
+    bad.append("lanes: %r" % lanes)
+tid = {v: k for k, v in lanes.items()}
+xs = [e for e in ev if e["ph"] == "X"]
+comp = sorted((e for e in xs if e["tid"] == tid.get("compute")), key=lambda e: e["ts"])
+# One stream in this profile: one event per launch, in order, one after another.
+if [e["args"]["launch"] for e in comp] != list(range(n)):
+    bad.append("compute events are not one per launch in order: %r" % [e["args"]["launch"] for e in comp])
+for a, b in zip(comp, comp[1:]):
+    if b["ts"] < a["ts"] + a["dur"] - 1e-6:
+        bad.append("launches overlap: %s, %s" % (a["args"]["launch"], b["args"]["launch"]))
+median = d["otherData"].get("replay_median_ms")
+if not isinstance(median, float) or median <= 0:
+    bad.append("no replay median: %r" % d["otherData"])
+copies = [e for e in xs if e["tid"] == tid.get("host to device")]
+if not copies or any(not (e["name"].startswith("prefetch alloc ") or
+                         e["name"].startswith("fault-in alloc ")) for e in copies):
+    bad.append("copies in: %r" % [e["name"] for e in copies])
+for e in copies:  # the profile's link: 25 GB/s plus its latency per copy
+    want_us = e["args"]["bytes"] / 25e3
+    if not want_us <= e["dur"] <= want_us + 50:
+        bad.append("a copy of %d bytes takes %f us" % (e["args"]["bytes"], e["dur"]))
+waits = [e for e in xs if e["tid"] == tid.get("program's thread in the launch hook")]
+if any(e["dur"] <= 0 or not 0 <= e["args"]["launch"] < n for e in waits):
+    bad.append("waits: %r" % waits)
+print("\n".join(bad))
+sys.exit(1 if bad else 0)
+EOF
+python3 "$tmp/check_replay.py" "$tmp/replay.json" 7 >"$tmp/why" 2>&1 && ok "trace --replay: four lanes, one compute event per launch in order, copies named and timed" || fail "trace --replay: four lanes, one compute event per launch in order, copies named and timed" "$(cat "$tmp/why")"
 run "$tmp/o" "$tmp/e" trace "$SMALL" -o "$tmp/inf.json" --budget 40MiB
 expect_rc "trace: an infeasible budget exits 1" 1 $rc "$tmp/e"
 expect "trace: an infeasible budget names the smallest feasible one" "$tmp/e" 'no plan within 40 MiB: the allocations in use across launch 1 need 80 MiB'
@@ -213,6 +258,7 @@ usage_case "simulate with an empty size" "has an empty size" simulate "$SMALL" -
 usage_case "simulate with an unknown strategy" "simulate: --strategy 'fast' is not a strategy; use one of adaptive, knapsack, greedy, global or all" simulate "$SMALL" --budget 1GiB --strategy fast
 usage_case "option without its value" 'simulate: option --budget needs a value' simulate "$SMALL" --budget
 usage_case "simulate --replay out of range" "simulate: --replay '2' is not a number of iterations from 3 to 1000" simulate "$SMALL" --budget 1GiB --replay 2
+usage_case "trace --replay out of range" "trace: --replay 'x' is not a number of iterations from 3 to 1000" trace "$SMALL" -o "$tmp/x.json" --replay x
 usage_case "trace without -o" 'trace: -o OUT.json is required' trace "$SMALL"
 usage_case "trace with several budgets" "trace: --budget '1GiB,2GiB': give one size here" trace "$SMALL" -o "$tmp/x.json" --budget 1GiB,2GiB
 usage_case "trace with strategy all" "trace: --strategy 'all' is not a strategy" trace "$SMALL" -o "$tmp/x.json" --strategy all

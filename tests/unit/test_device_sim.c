@@ -917,6 +917,71 @@ static void test_kernels_serialize_and_run(void **state)
     d->ops->close(d);
 }
 
+/* The recorder sees each operation once, as it completes, with its kind, stream, addresses and
+ * times on the simulated clock: a host-to-device copy and a kernel queued after it on the same
+ * stream, then a device-to-host copy on another. */
+struct recs {
+    struct fs_sim_record r[8];
+    int n;
+};
+
+static void keep_record(void *arg, const struct fs_sim_record *rec)
+{
+    struct recs *rs = arg;
+    if (rs->n < 8)
+        rs->r[rs->n] = *rec;
+    rs->n++;
+}
+
+static void test_recorder_sees_every_operation(void **state)
+{
+    (void)state;
+    struct fs_device *d = open_small();
+    struct buf h, dv;
+    buf_make(d, &h, G, FS_LOC_HOST);
+    buf_make(d, &dv, G, FS_LOC_DEVICE);
+    fs_stream s1, s2;
+    assert_int_equal(fs_dev_call(d, stream_create, &s1), FS_OK);
+    assert_int_equal(fs_dev_call(d, stream_create, &s2), FS_OK);
+    struct recs rs = {.n = 0};
+    fs_sim_set_recorder(d, keep_record, &rs);
+    uint64_t g = G;
+    assert_int_equal(fs_dev_call(d, copy_async, dv.va, h.va, G, s1), FS_OK);
+    assert_int_equal(fs_sim_launch(d, s1, 1000, &dv.va, &g, 1, NULL, NULL), FS_OK);
+    assert_int_equal(fs_dev_call(d, copy_async, h.va, dv.va, G, s2), FS_OK);
+    assert_int_equal(rs.n, 0); /* nothing has completed yet */
+    assert_int_equal(d->ops->ctx_sync(d), FS_OK);
+    assert_int_equal(rs.n, 3);
+    uint64_t c = copy_ns(G, 55e9);
+    /* Completion order: the two copies end together (two engines), then the kernel. */
+    assert_int_equal(rs.r[0].kind, FS_SIM_REC_COPY_H2D);
+    assert_ptr_equal(rs.r[0].stream, s1);
+    assert_int_equal(rs.r[0].dst, dv.va);
+    assert_int_equal(rs.r[0].src, h.va);
+    assert_int_equal(rs.r[0].bytes, G);
+    assert_int_equal(rs.r[0].start_ns, 0);
+    assert_int_equal(rs.r[0].end_ns, c);
+    assert_false(rs.r[0].by_engine); /* queued by this (the program's) thread */
+    assert_int_equal(rs.r[1].kind, FS_SIM_REC_COPY_D2H);
+    assert_ptr_equal(rs.r[1].stream, s2);
+    assert_int_equal(rs.r[1].end_ns, c);
+    assert_int_equal(rs.r[2].kind, FS_SIM_REC_KERNEL);
+    assert_ptr_equal(rs.r[2].stream, s1);
+    assert_int_equal(rs.r[2].src, dv.va);
+    assert_int_equal(rs.r[2].start_ns, c); /* after the copy on its stream */
+    assert_int_equal(rs.r[2].end_ns, c + 1000);
+    fs_sim_set_recorder(d, NULL, NULL);
+    assert_int_equal(fs_sim_launch(d, s1, 1000, NULL, NULL, 0, NULL, NULL), FS_OK);
+    assert_int_equal(d->ops->ctx_sync(d), FS_OK);
+    assert_int_equal(rs.n, 3); /* off */
+    assert_int_equal(fs_dev_call(d, stream_destroy, s1), FS_OK);
+    assert_int_equal(fs_dev_call(d, stream_destroy, s2), FS_OK);
+    buf_free(d, &h);
+    buf_free(d, &dv);
+    assert_no_leaks(d);
+    d->ops->close(d);
+}
+
 /* A kernel range must lie within one mapping. Two adjacent mappings are not one range, even
  * when they alias the same allocation; a copy over the same bytes is fine. */
 static void test_kernel_range_across_mappings(void **state)
@@ -1612,6 +1677,7 @@ int main(void)
         cmocka_unit_test(test_events),
         cmocka_unit_test(test_stream_wait_event_orders_kernel),
         cmocka_unit_test(test_kernels_serialize_and_run),
+        cmocka_unit_test(test_recorder_sees_every_operation),
         cmocka_unit_test(test_kernel_range_across_mappings),
         cmocka_unit_test(test_capture_forbids_sync),
         cmocka_unit_test(test_param_layout),
