@@ -558,7 +558,8 @@ void fs_engine_shutdown(void)
             (unsigned long long)x.syncs, (unsigned long long)x.prefetches,
             (unsigned long long)s.res.prefetched_bytes, (unsigned long long)x.evictions,
             (unsigned long long)x.late, (unsigned long long)x.unplanned,
-            (double)x.late_wait_ns / 1e6, (unsigned long long)x.evict_busy, (unsigned long long)x.move_failures,
+            (double)x.late_wait_ns / 1e6, (unsigned long long)x.evict_busy,
+            (unsigned long long)x.move_failures,
             (unsigned long long)x.dropped, (unsigned long long)x.give_ups,
             (unsigned long long)x.overlapped, (unsigned long long)x.max_inflight);
 }

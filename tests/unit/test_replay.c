@@ -31,7 +31,7 @@ static void test_everything_resident_takes_the_compute_time(void **state)
     (void)state;
     struct fs_profile p;
     load_sample(&p);
-    struct fs_replay_config cfg = {1024 * MIB, NULL, 6};
+    struct fs_replay_config cfg = {.budget = 1024 * MIB, .strategy = NULL, .iterations = 6};
     struct fs_replay_result r;
     char err[512] = "";
     assert_int_equal(fs_replay(&p, &cfg, &r, err, sizeof(err)), FS_OK);
@@ -64,7 +64,7 @@ static void test_program_host_time_counts(void **state)
     load_sample(&p);
     for (int i = 0; i < p.nlaunches; i++)
         p.launches[i].host_us = 2000;
-    struct fs_replay_config cfg = {1024 * MIB, NULL, 6};
+    struct fs_replay_config cfg = {.budget = 1024 * MIB, .strategy = NULL, .iterations = 6};
     struct fs_replay_result r;
     char err[512] = "";
     assert_int_equal(fs_replay(&p, &cfg, &r, err, sizeof(err)), FS_OK);
@@ -80,7 +80,8 @@ static void test_offloading_moves_every_iteration(void **state)
     struct fs_profile p;
     load_sample(&p);
     enum { ITERS = 8 };
-    struct fs_replay_config cfg = {128 * MIB, "knapsack", ITERS};
+    struct fs_replay_config cfg = {.budget = 128 * MIB, .strategy = "knapsack",
+                                   .iterations = ITERS};
     struct fs_replay_result r;
     char err[512] = "";
     assert_int_equal(fs_replay(&p, &cfg, &r, err, sizeof(err)), FS_OK);
@@ -105,6 +106,54 @@ static void test_offloading_moves_every_iteration(void **state)
     fs_profile_free(&p);
 }
 
+/* The trace of the last iteration: one compute event per launch, in order on the profile's one
+ * stream; copies in of allocations the plan offloads, lasting their bytes over the link; the
+ * program's waits within the iteration. Events come one at a time. */
+struct tl {
+    int n[4];
+    int next_launch;
+    bool order_ok, copies_ok, waits_ok;
+    const struct fs_profile *p;
+    double last_end;
+};
+
+static void collect(const struct fs_tl_event *ev, void *arg)
+{
+    struct tl *t = arg;
+    t->n[ev->lane]++;
+    if (ev->lane == FS_TL_COMPUTE) {
+        t->order_ok = t->order_ok && ev->launch == t->next_launch++ && ev->start_us >= t->last_end;
+        t->last_end = ev->end_us;
+    } else if (ev->lane == FS_TL_H2D) {
+        double link_us = (double)ev->bytes / t->p->bw.h2d_bytes_per_us;
+        t->copies_ok = t->copies_ok && ev->alloc >= 0 && ev->alloc < t->p->nallocs &&
+                       ev->bytes == t->p->allocs[ev->alloc].mapped &&
+                       ev->end_us - ev->start_us >= link_us;
+    } else if (ev->lane == FS_TL_WAIT) {
+        t->waits_ok = t->waits_ok && ev->end_us > ev->start_us && ev->launch >= 0 &&
+                      ev->launch < t->p->nlaunches;
+    }
+}
+
+static void test_trace_draws_the_last_iteration(void **state)
+{
+    (void)state;
+    struct fs_profile p;
+    load_sample(&p);
+    struct tl t = {.order_ok = true, .copies_ok = true, .waits_ok = true, .p = &p};
+    struct fs_replay_config cfg = {.budget = 128 * MIB, .strategy = "knapsack", .iterations = 6,
+                                   .trace = collect, .trace_arg = &t};
+    struct fs_replay_result r;
+    char err[512] = "";
+    assert_int_equal(fs_replay(&p, &cfg, &r, err, sizeof(err)), FS_OK);
+    assert_int_equal(t.n[FS_TL_COMPUTE], p.nlaunches);
+    assert_true(t.order_ok);
+    assert_true(t.n[FS_TL_H2D] > 0); /* 210 MiB under 128 MiB: allocations move every iteration */
+    assert_true(t.copies_ok);
+    assert_true(t.waits_ok);
+    fs_profile_free(&p);
+}
+
 static void test_bad_requests_are_refused(void **state)
 {
     (void)state;
@@ -112,10 +161,10 @@ static void test_bad_requests_are_refused(void **state)
     load_sample(&p);
     struct fs_replay_result r;
     char err[512] = "";
-    struct fs_replay_config small = {32 * MIB, NULL, 6};
+    struct fs_replay_config small = {.budget = 32 * MIB, .strategy = NULL, .iterations = 6};
     assert_int_equal(fs_replay(&p, &small, &r, err, sizeof(err)), FS_ERR_CONFIG);
     assert_non_null(strstr(err, "at least 64 MiB"));
-    struct fs_replay_config few = {128 * MIB, NULL, 2};
+    struct fs_replay_config few = {.budget = 128 * MIB, .strategy = NULL, .iterations = 2};
     assert_int_equal(fs_replay(&p, &few, &r, err, sizeof(err)), FS_ERR_INVALID);
     assert_non_null(strstr(err, "at least 3 iterations"));
     fs_profile_free(&p);
@@ -127,6 +176,7 @@ int main(void)
         cmocka_unit_test(test_everything_resident_takes_the_compute_time),
         cmocka_unit_test(test_program_host_time_counts),
         cmocka_unit_test(test_offloading_moves_every_iteration),
+        cmocka_unit_test(test_trace_draws_the_last_iteration),
         cmocka_unit_test(test_bad_requests_are_refused),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
