@@ -446,15 +446,12 @@ int fs_exec_install(struct fs_executor *x, struct fs_profile *p)
         free_plan(&staged);
         return rc;
     }
-    /* What the plan keeps resident is evicted last when room is made on demand. */
+    /* What the plan keeps resident is evicted last when room is made on demand (without
+     * memory for the list, LRU alone decides). */
     uint8_t *keep = malloc((size_t)sp->nallocs + 1);
-    if (keep) {
-        for (int a = 0; a < sp->nallocs; a++)
-            keep[a] = sp->plan.entries[a].resident;
-        if (fs_res_set_plan_keep(x->res, keep, sp->nallocs) != FS_OK)
-            FS_DEBUG("plan: kept allocations not passed on (out of memory); LRU alone decides");
-        free(keep);
-    }
+    for (int a = 0; keep && a < sp->nallocs; a++)
+        keep[a] = sp->plan.entries[a].resident;
+    fs_res_set_plan_keep(x->res, keep, sp->nallocs);
     pthread_mutex_lock(&x->lock);
     free_plan(x);
     x->prof = staged.prof;

@@ -124,7 +124,8 @@ struct fs_executor {
     int inflight;            /* busy slots (mover thread only) */
     struct fs_exec_job held; /* a job taken off the queue that waits for moves in flight */
     bool has_held;
-    uint64_t completions;    /* moves ended so far; held_at: the count when HELD was held */
+    uint64_t completions;    /* moves ended or evictions' room freed so far; held_at: the count
+                              * when HELD was held */
     uint64_t held_at;
     struct fs_exec_finisher fin[2]; /* [0] evictions, [1] prefetches */
     uint64_t q_gen;          /* changes whenever the queue is emptied or replaced */

@@ -29,6 +29,13 @@ static int cmp_double(const void *a, const void *b)
     return (x > y) - (x < y);
 }
 
+#define MAX_STREAMS 64 /* the program's streams; later ones share the last */
+
+static int stream_slot(const struct fs_prof_launch *l)
+{
+    return l->stream < MAX_STREAMS ? (int)l->stream : MAX_STREAMS - 1;
+}
+
 /* What the replay owns, released by cleanup. */
 struct replay {
     struct fs_device *dev;
@@ -36,7 +43,7 @@ struct replay {
     unsigned char *keys;     /* one byte per distinct kernel: its address is the kernel handle */
     int *kernel_of;          /* per launch: index into keys, or -1 for copies */
     fs_dptr *va;             /* per allocation */
-    fs_stream streams[64];
+    fs_stream streams[MAX_STREAMS];
     int nstreams;
     double *ends_us;         /* per iteration */
     uint64_t program_free_ns; /* when the program thread's last call returned (sim clock) */
@@ -47,8 +54,7 @@ struct replay {
     const struct fs_replay_config *cfg;
     bool tracing;
     uint64_t trace_t0_ns;     /* the traced iteration's start */
-    int *fifo;                /* per program stream, its launches queued and not yet done */
-    int *fifo_head, *fifo_tail;
+    int next_done[MAX_STREAMS]; /* per stream: the first launch whose kernel is not done yet */
     pthread_mutex_t trace_lock; /* one sink call at a time */
 };
 
@@ -69,9 +75,6 @@ static void cleanup(struct replay *r)
     free(r->kernel_of);
     free(r->va);
     free(r->ends_us);
-    free(r->fifo);
-    free(r->fifo_head);
-    free(r->fifo_tail);
     pthread_mutex_destroy(&r->trace_lock);
 }
 
@@ -205,14 +208,21 @@ static void on_record(void *arg, const struct fs_sim_record *rec)
                              .start_us = us_since(r, rec->start_ns),
                              .end_us = us_since(r, rec->end_ns)};
     if (rec->kind == FS_SIM_REC_KERNEL) {
+        /* A stream runs its kernels in the order they were queued: the profile's launches on it,
+         * in order (the previous iteration ended with a synchronize). */
         int s = 0;
         while (s < r->nstreams && r->streams[s] != rec->stream)
             s++;
-        if (s == r->nstreams || r->fifo_head[s] == r->fifo_tail[s])
-            return; /* not one of the traced iteration's launches */
+        if (s == r->nstreams)
+            return;
+        int i = r->next_done[s];
+        while (i < r->p->nlaunches && stream_slot(&r->p->launches[i]) != s)
+            i++;
+        if (i == r->p->nlaunches)
+            return;
+        r->next_done[s] = i + 1;
         ev.lane = FS_TL_COMPUTE;
-        ev.launch = r->fifo[(size_t)s * (size_t)r->p->nlaunches + (size_t)r->fifo_head[s]++];
-        ev.bytes = 0;
+        ev.launch = i;
     } else if (rec->kind == FS_SIM_REC_COPY_H2D || rec->kind == FS_SIM_REC_COPY_D2H) {
         /* Prefetches and fault-ins read the allocation's VA (mapped to host memory), evictions
          * write its host block from the VA. */
@@ -228,18 +238,11 @@ static void on_record(void *arg, const struct fs_sim_record *rec)
 }
 
 /* Start tracing: what completes from now on, the launches queued from now on. */
-static int trace_begin(struct replay *r, const struct fs_profile *p)
+static void trace_begin(struct replay *r)
 {
-    size_t n = (size_t)p->nlaunches;
-    r->fifo = malloc(64 * n * sizeof(*r->fifo));
-    r->fifo_head = calloc(64, sizeof(*r->fifo_head));
-    r->fifo_tail = calloc(64, sizeof(*r->fifo_tail));
-    if (!r->fifo || !r->fifo_head || !r->fifo_tail)
-        return FS_ERR_NOMEM;
     r->trace_t0_ns = fs_sim_now_ns(r->dev);
     r->tracing = true;
     fs_sim_set_recorder(r->dev, on_record, r);
-    return FS_OK;
 }
 
 /* One iteration of the profile's launches through the engine. The program thread spends each
@@ -261,7 +264,7 @@ static int run_iteration(struct replay *r, const struct fs_profile *p, char *err
         }
         struct fs_launch_desc d = {
             .func = r->kernel_of[i] >= 0 ? &r->keys[r->kernel_of[i]] : NULL,
-            .stream = r->streams[l->stream < 64 ? l->stream : 63],
+            .stream = r->streams[stream_slot(l)],
             .ptrs = ptrs,
             .nptrs = n,
         };
@@ -270,14 +273,10 @@ static int run_iteration(struct replay *r, const struct fs_profile *p, char *err
         fs_engine_launch_enter(&d, &t); /* waits here for late prefetches, faults in */
         uint64_t t1 = fs_sim_now_ns(r->dev);
         r->hook_ns += t1 - t0;
-        if (r->tracing) {
-            int s = l->stream < 64 ? (int)l->stream : 63;
-            r->fifo[(size_t)s * (size_t)p->nlaunches + (size_t)r->fifo_tail[s]++] = i;
-            if (t1 > t0)
-                trace_event(r, &(struct fs_tl_event){.lane = FS_TL_WAIT, .launch = i, .alloc = -1,
-                                                      .start_us = us_since(r, t0),
-                                                      .end_us = us_since(r, t1)});
-        }
+        if (r->tracing && t1 > t0)
+            trace_event(r, &(struct fs_tl_event){.lane = FS_TL_WAIT, .launch = i, .alloc = -1,
+                                                  .start_us = us_since(r, t0),
+                                                  .end_us = us_since(r, t1)});
         int rc = fs_sim_launch(r->dev, d.stream, (uint64_t)(l->duration_us * 1000), ptrs, sizes,
                                n < FS_SIM_MAX_KERNEL_PTRS ? n : FS_SIM_MAX_KERNEL_PTRS, NULL,
                                NULL);
@@ -332,7 +331,7 @@ int fs_replay(const struct fs_profile *p, const struct fs_replay_config *cfg,
                    "device (%s)", a, (unsigned long long)p->allocs[a].size, fs_err_str(rc));
     }
     for (int i = 0; i < p->nlaunches && rc == FS_OK; i++)
-        while (r.nstreams <= (int)(p->launches[i].stream < 64 ? p->launches[i].stream : 63) &&
+        while (r.nstreams <= stream_slot(&p->launches[i]) &&
                rc == FS_OK)
             rc = fs_sim_stream_create(r.dev, &r.streams[r.nstreams++]);
     double start_us = (double)fs_sim_now_ns(r.dev) / 1000;
@@ -342,10 +341,8 @@ int fs_replay(const struct fs_profile *p, const struct fs_replay_config *cfg,
             fs_engine_get_stats(&warm);
             r.hook_ns = 0;
         }
-        if (it == cfg->iterations - 1 && cfg->trace && (rc = trace_begin(&r, p)) != FS_OK) {
-            seterr(err, errlen, "out of memory");
-            break;
-        }
+        if (it == cfg->iterations - 1 && cfg->trace)
+            trace_begin(&r);
         rc = run_iteration(&r, p, err, errlen);
         r.ends_us[it] = (double)fs_sim_now_ns(r.dev) / 1000;
     }

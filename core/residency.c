@@ -434,7 +434,6 @@ static bool in_list(const struct fs_alloc *a, struct fs_alloc *const *list, int 
     return false;
 }
 
-/* The least recently used resident allocation that may be evicted, or NULL. */
 static bool plan_keeps(const struct fs_residency *res, const struct fs_alloc *a)
 {
     return a->id < (uint64_t)res->nplan_keep && res->plan_keep[a->id];
@@ -462,21 +461,13 @@ static struct fs_alloc *pick_victim(struct fs_residency *res, struct fs_alloc *c
     return best;
 }
 
-int fs_res_set_plan_keep(struct fs_residency *res, const uint8_t *keep, int n)
+void fs_res_set_plan_keep(struct fs_residency *res, uint8_t *keep, int n)
 {
-    uint8_t *copy = NULL;
-    if (n > 0) {
-        copy = malloc((size_t)n);
-        if (!copy)
-            return FS_ERR_NOMEM;
-        memcpy(copy, keep, (size_t)n);
-    }
     pthread_mutex_lock(&res->lock);
     free(res->plan_keep);
-    res->plan_keep = copy;
-    res->nplan_keep = n > 0 ? n : 0;
+    res->plan_keep = keep;
+    res->nplan_keep = keep ? n : 0;
     pthread_mutex_unlock(&res->lock);
-    return FS_OK;
 }
 
 /* Device memory for NEED bytes within the budget, evicting least recently used allocations not

@@ -153,10 +153,11 @@ static inline struct fs_alloc *fs_res_lookup(const struct fs_residency *res, uin
 int fs_res_prefetch_id(struct fs_residency *res, uint64_t id);
 int fs_res_evict_id(struct fs_residency *res, uint64_t id);
 
-/* The allocations (by id, KEEP[id] nonzero) a plan keeps resident: when room must be made on
- * demand, others are evicted first, since the plan never brings a kept one back and each of its
- * next uses would fault it in and evict another. N = 0 forgets them. */
-int fs_res_set_plan_keep(struct fs_residency *res, const uint8_t *keep, int n);
+/* The allocations (by id, KEEP[id] nonzero for ids below N) a plan keeps resident: when room
+ * must be made on demand, others are evicted first, since the plan never brings a kept one back
+ * and each of its next uses would fault it in and evict another. Takes KEEP (malloc'd; freed
+ * with the next call or fs_res_destroy); NULL forgets them. */
+void fs_res_set_plan_keep(struct fs_residency *res, uint8_t *keep, int n);
 
 /* Pin host blocks of these SIZES (granularity multiples) into the pool in the background, ahead
  * of need: a plan loaded at start-up knows which allocations it will evict, so the evictions

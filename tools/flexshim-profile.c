@@ -910,7 +910,7 @@ static int parse_replay(const char *cmd, const char *text, int *out)
 static void replay_row(const char *cmd, const struct fs_profile *p, uint64_t bytes,
                        const char *strategy, int iterations, struct sim_row *r)
 {
-    struct fs_replay_config rc = {bytes, strategy, iterations, NULL, NULL};
+    struct fs_replay_config rc = {.budget = bytes, .strategy = strategy, .iterations = iterations};
     struct fs_replay_result res;
     char err[512] = "";
     r->replay_us = 0;
@@ -1263,8 +1263,11 @@ static int trace_replay(const char *cmd, const struct fs_profile *p, struct fs_p
     char base[sizeof(plan->strategy)];
     snprintf(base, sizeof(base), "%s", plan->strategy);
     base[strcspn(base, "(")] = '\0';
-    struct fs_replay_config cfg = {plan->budget, fs_strategy_find(base) ? base : NULL, iterations,
-                                   trace_sink, t};
+    struct fs_replay_config cfg = {.budget = plan->budget,
+                                   .strategy = fs_strategy_find(base) ? base : NULL,
+                                   .iterations = iterations,
+                                   .trace = trace_sink,
+                                   .trace_arg = t};
     if (fs_replay(p, &cfg, res, why, sizeof(why)) != FS_OK) {
         error(cmd, "replay: %s", why);
         return EXIT_CHECK_FAILED;
