@@ -88,6 +88,9 @@ PLAN_COUNTERS = {
     "evictions_queued": r"(\d+) evictions queued",
     "late": r"(\d+) late and",
     "unplanned": r"(\d+) unplanned references",
+    "late_wait_ms": r"([\d.]+) ms waited for late prefetches",
+    "ordered": r"(\d+) references ordered after",
+    "early_maps": r"(\d+) prefetches mapped early",
     "failed_moves": r"(\d+) failed moves",
     "give_ups": r"(\d+) give-ups",
 }
@@ -154,7 +157,7 @@ def parse_shim_log(path, keep=40):
         for k, rx in PLAN_COUNTERS.items():
             m = re.search(rx, exit_plan[-1])
             if m:
-                pc[k] = int(m.group(1))
+                pc[k] = float(m.group(1)) if "." in m.group(1) else int(m.group(1))
         out["plan_counters"] = pc
     return out
 
@@ -191,7 +194,8 @@ def parse_simulate(text, budgets):
             for row in out["rows"]:
                 if row["budget_text"] == f"{val} {unit}" and row["strategy"] == strategy:
                     for name, c in zip(["late_per_iter", "unplanned_per_iter",
-                                        "faults_per_iter"], cols[0::2]):
+                                        "faults_per_iter", "ordered_per_iter",
+                                        "hook_ms_per_iter"], cols[0::2]):
                         row[name] = float(c)
             continue
         nbytes = float(val) * UNITS[unit]
@@ -385,6 +389,10 @@ def add_system_notes(row, d):
         bits = []
         if "late" in pc:
             bits.append(f"late {pc['late']}")
+        if "late_wait_ms" in pc:
+            bits.append(f"waited {pc['late_wait_ms']} ms")
+        if pc.get("ordered"):
+            bits.append(f"ordered on stream {pc['ordered']}")
         if "fault_ins" in c:
             bits.append(f"fault-ins {c['fault_ins']}")
         if c.get("forced_syncs"):
@@ -803,7 +811,7 @@ budget                 strategy             predicted ms   stall ms  offloaded M
 1.50 GiB               knapsack               infeasible          -              -          -          -          -
 
 replay, per timed iteration (warm-up left out): launches that waited for a late prefetch, references to allocations the plan had on host, fault-ins
-6906 MiB               adaptive(knapsack)       19.2 late      0.0 unplanned      0.5 fault-ins
+6906 MiB               adaptive(knapsack)       19.2 late      0.0 unplanned      0.5 fault-ins     92.0 ordered   12.500 ms in the hook
 """
 
 SHIM_SAMPLE = """[flexshim 99] info: allocations: 0 managed (0 bytes), 0 passed through (0 bytes); 0 frees
@@ -814,7 +822,7 @@ SHIM_SAMPLE = """[flexshim 99] info: allocations: 0 managed (0 bytes), 0 passed 
 [flexshim 42] info: allocations: 300 managed (14483464192 bytes), 20 passed through (1000 bytes); 5 frees
 [flexshim 42] info: residency: budget 3.37 GiB, device peak 3.36 GiB, pinned host 10.1 GiB; 100 evictions (2000 bytes), 7 fault-ins (70 bytes), 0 placed on host, 0 host-served references, 0 forced synchronizes, 0 internal failures
 [flexshim 42] info: launches: 5000 seen, 4000 referencing managed memory, 0 unknown (parameters unreadable), 30 layout queries
-[flexshim 42] info: plan: 1 installed; 4000 launches followed (3 of the plan's skipped, 4 extra), 1 departures, 10 launches run reactively, found 2 times; 500 prefetches (123456 bytes moved in) and 480 evictions queued; 12 late and 3 unplanned references; 0 evictions skipped (in use), 0 failed moves, 0 dropped, 0 give-ups
+[flexshim 42] info: plan: 1 installed; 4000 launches followed (3 of the plan's skipped, 4 extra), 1 departures, 10 launches run reactively, found 2 times; 500 prefetches (123456 bytes moved in) and 480 evictions queued; 12 late and 3 unplanned references; 34.5 ms waited for late prefetches; 88 references ordered after a prefetch's copy on their stream (90 prefetches mapped early); 0 evictions skipped (in use), 0 failed moves, 0 dropped, 0 give-ups
 """
 
 
@@ -832,7 +840,9 @@ def selftest():
     check("simulate C", s.get("C_ms") == 7.855, s)
     check("simulate rows", len(s["rows"]) == 3, s)
     check("simulate replay counters", s["rows"][0].get("late_per_iter") == 19.2 and
-          s["rows"][0].get("faults_per_iter") == 0.5 and "late_per_iter" not in s["rows"][1], s)
+          s["rows"][0].get("faults_per_iter") == 0.5 and s["rows"][0].get("ordered_per_iter") == 92
+          and s["rows"][0].get("hook_ms_per_iter") == 12.5 and "late_per_iter" not in s["rows"][1],
+          s)
     check("simulate row 1", s["rows"][0]["budget_pct"] == 50 and s["rows"][0]["replay_ms"] == 16.825
           and s["rows"][0]["strategy"] == "adaptive(knapsack)", s["rows"][0])
     check("simulate row 2 no replay", s["rows"][1]["replay_ms"] is None
@@ -850,7 +860,10 @@ def selftest():
               and sh["counters"]["device_peak"] == "3.36 GiB", sh)
         check("shim: plan counters", sh.get("plan_counters", {}).get("late") == 12
               and sh["plan_counters"]["prefetches"] == 500
-              and sh["plan_counters"]["prefetched_bytes"] == 123456, sh.get("plan_counters"))
+              and sh["plan_counters"]["prefetched_bytes"] == 123456
+              and sh["plan_counters"]["late_wait_ms"] == 34.5
+              and sh["plan_counters"]["ordered"] == 88
+              and sh["plan_counters"]["early_maps"] == 90, sh.get("plan_counters"))
         check("shim: plan lines (no debug)", len(sh["plan"]) == 2, sh["plan"])
         check("shim: warnings", sh["warnings"] == 1, sh)
         check("shim: missing file", "error" in parse_shim_log(log + "x"))

@@ -496,6 +496,13 @@ void fs_engine_drain_moves(void)
         fs_exec_drain(&eng.exec);
 }
 
+int fs_engine_host_blocks(uint64_t *alloc_va, uint64_t *block_va, int max)
+{
+    if (__atomic_load_n(&eng.start_state, __ATOMIC_ACQUIRE) != STARTED)
+        return 0;
+    return fs_res_host_blocks(&eng.res, alloc_va, block_va, max);
+}
+
 /* CUDA is in use but no allocation reached the hooks: cudart is linked statically (nvcc's
  * default) or the program allocates with the driver API. */
 static void warn_if_nothing_seen(const struct fs_engine_stats *s)
@@ -549,16 +556,18 @@ void fs_engine_shutdown(void)
     FS_INFO("plan: %llu installed; %llu launches followed (%llu of the plan's skipped, %llu "
             "extra), %llu departures, %llu launches run reactively, found %llu times; %llu "
             "prefetches (%llu bytes moved in) and %llu evictions queued; %llu late and %llu "
-            "unplanned references; %.1f ms waited for late prefetches; %llu evictions skipped "
-            "(in use), %llu failed moves, %llu dropped, %llu give-ups; %llu moves overlapped (at "
-            "most %llu at once)",
+            "unplanned references; %.1f ms waited for late prefetches; %llu references "
+            "ordered after a prefetch's copy on their stream (%llu prefetches mapped early); "
+            "%llu evictions skipped (in use), %llu failed moves, %llu dropped, %llu give-ups; "
+            "%llu moves overlapped (at most %llu at once)",
             (unsigned long long)x.plans, (unsigned long long)x.synced,
             (unsigned long long)x.skipped, (unsigned long long)x.extra,
             (unsigned long long)x.departures, (unsigned long long)x.lost_launches,
             (unsigned long long)x.syncs, (unsigned long long)x.prefetches,
             (unsigned long long)s.res.prefetched_bytes, (unsigned long long)x.evictions,
             (unsigned long long)x.late, (unsigned long long)x.unplanned,
-            (double)x.late_wait_ns / 1e6, (unsigned long long)x.evict_busy,
+            (double)x.late_wait_ns / 1e6, (unsigned long long)s.res.ordered_waits,
+            (unsigned long long)s.res.early_maps, (unsigned long long)x.evict_busy,
             (unsigned long long)x.move_failures,
             (unsigned long long)x.dropped, (unsigned long long)x.give_ups,
             (unsigned long long)x.overlapped, (unsigned long long)x.max_inflight);

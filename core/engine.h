@@ -75,6 +75,10 @@ void fs_engine_mark_iteration(void);
 /* Tests: wait until the plan executor has done every move queued so far. */
 void fs_engine_drain_moves(void);
 
+/* The replay's trace: managed allocations with a host block (fs_res_host_blocks); 0 before the
+ * engine started. */
+int fs_engine_host_blocks(uint64_t *alloc_va, uint64_t *block_va, int max);
+
 /* At exit: the summary at info level. The program's memory stays mapped (CUDA may already be
  * tearing down, and the program may still touch it from other destructors). */
 void fs_engine_shutdown(void);

@@ -76,6 +76,8 @@ static void start_jobs(struct fs_executor *x)
             return;
         }
         if (rc == FS_OK) {
+            if (!job.evict)
+                pthread_cond_broadcast(&x->done); /* it may be arriving: late launches go on */
             slot->job = job;
             slot->busy = true;
             x->inflight++;
@@ -642,6 +644,14 @@ static int follow(struct fs_executor *x, uint64_t sig)
     return -1;
 }
 
+/* On the device, or on its way with its VA showing the device block: a launch then waits for
+ * the copy on its stream (residency.h), not on the program's thread. */
+static bool on_device(const struct fs_alloc *a)
+{
+    return __atomic_load_n(&a->state, __ATOMIC_ACQUIRE) == FS_RES_DEVICE ||
+           __atomic_load_n(&a->arriving, __ATOMIC_ACQUIRE);
+}
+
 void fs_exec_launch_enter(struct fs_executor *x, struct fs_launch_ticket *t)
 {
     t->pos = -1;
@@ -664,7 +674,7 @@ void fs_exec_launch_enter(struct fs_executor *x, struct fs_launch_ticket *t)
      * the launch whose end frees the memory, not for a stall). */
     for (int i = 0; i < t->n; i++) {
         const struct fs_alloc *a = t->refs[i];
-        if (__atomic_load_n(&a->state, __ATOMIC_ACQUIRE) == FS_RES_DEVICE)
+        if (on_device(a))
             continue;
         bool planned = a->id < (uint64_t)x->prof.nallocs &&
                        present_at(&x->prof.plan.entries[a->id], cur);
@@ -676,7 +686,7 @@ void fs_exec_launch_enter(struct fs_executor *x, struct fs_launch_ticket *t)
         uint64_t t0 = fs_now_ns();
         /* The plan may be replaced while this waits: check the bound again each time. */
         while (fs_exec_running(x) && a->id < (uint64_t)x->prof.nallocs &&
-               x->pending[a->id] > 0)
+               x->pending[a->id] > 0 && !on_device(a))
             pthread_cond_wait(&x->done, &x->lock);
         x->stats.late_wait_ns += fs_now_ns() - t0;
         if (!fs_exec_running(x))

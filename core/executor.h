@@ -15,8 +15,9 @@
  * use, as residency.h requires; a prefetch that needs the room of evictions in flight waits for
  * them), so
  * the program's thread never copies or remaps for a plan: when a launch finds a planned
- * allocation not on the device yet it waits for the mover's prefetch (counted as late; the
- * launch's own fault-in brings it only if that prefetch failed). The thread usually runs ahead of
+ * allocation whose prefetch has not begun yet it waits for the mover to begin it (counted as
+ * late; the launch's own fault-in brings it only if that prefetch failed); once it has begun the
+ * launch waits for the copy on its stream (residency.h, "arriving"). The thread usually runs ahead of
  * the device, so such a wait often holds the thread back while the device still has work
  * queued, rather than stalling the device. When the position is found, the executor first queues what the plan
  * wants at that point: allocations outside their window go to host, resident ones come back.
@@ -54,7 +55,8 @@ struct fs_exec_stats {
     uint64_t prefetches;       /* prefetches queued */
     uint64_t evictions;        /* evictions queued */
     uint64_t late;             /* references to planned-present allocations not on the device
-                                * when the launch was about to be queued (the thread waited) */
+                                * nor arriving (residency.h) when the launch was about to be
+                                * queued (the thread waited) */
     uint64_t late_wait_ns;     /* time the launching threads spent waiting for late prefetches */
     uint64_t unplanned;        /* references to allocations the plan had on host there */
     uint64_t evict_busy;       /* evictions skipped: a launch held the allocation */

@@ -55,6 +55,7 @@ struct replay {
     bool tracing;
     uint64_t trace_t0_ns;     /* the traced iteration's start */
     int next_done[MAX_STREAMS]; /* per stream: the first launch whose kernel is not done yet */
+    uint64_t *block_va;       /* per allocation: its host block's copy address (0: none) */
     pthread_mutex_t trace_lock; /* one sink call at a time */
 };
 
@@ -74,6 +75,7 @@ static void cleanup(struct replay *r)
     free(r->keys);
     free(r->kernel_of);
     free(r->va);
+    free(r->block_va);
     free(r->ends_us);
     pthread_mutex_destroy(&r->trace_lock);
 }
@@ -200,6 +202,15 @@ static int alloc_at(const struct replay *r, fs_dptr va)
     return -1;
 }
 
+/* The allocation whose host block holds VA (a prefetch copies from there), or -1. */
+static int alloc_of_block(const struct replay *r, fs_dptr va)
+{
+    for (int a = 0; a < r->p->nallocs; a++)
+        if (r->block_va[a] && va >= r->block_va[a] && va - r->block_va[a] < r->p->allocs[a].mapped)
+            return a;
+    return -1;
+}
+
 /* The simulated device's record of a completed operation, as a trace event (sim lock held). */
 static void on_record(void *arg, const struct fs_sim_record *rec)
 {
@@ -224,11 +235,13 @@ static void on_record(void *arg, const struct fs_sim_record *rec)
         ev.lane = FS_TL_COMPUTE;
         ev.launch = i;
     } else if (rec->kind == FS_SIM_REC_COPY_H2D || rec->kind == FS_SIM_REC_COPY_D2H) {
-        /* Prefetches and fault-ins read the allocation's VA (mapped to host memory), evictions
-         * write its host block from the VA. */
+        /* Fault-ins read the allocation's VA (mapped to host memory), prefetches its host
+         * block; evictions write its host block from the VA. */
         ev.lane = rec->kind == FS_SIM_REC_COPY_H2D ? FS_TL_H2D : FS_TL_D2H;
         ev.fault_in = ev.lane == FS_TL_H2D && !rec->by_engine;
         ev.alloc = alloc_at(r, rec->src);
+        if (ev.alloc < 0 && ev.lane == FS_TL_H2D)
+            ev.alloc = alloc_of_block(r, rec->src);
         if (ev.alloc < 0)
             return;
     } else {
@@ -238,11 +251,30 @@ static void on_record(void *arg, const struct fs_sim_record *rec)
 }
 
 /* Start tracing: what completes from now on, the launches queued from now on. */
-static void trace_begin(struct replay *r)
+static int trace_begin(struct replay *r)
 {
+    /* Host blocks are attached by now: every allocation the plan moves was moved before. */
+    int n = r->p->nallocs;
+    uint64_t *alloc_va = malloc(((size_t)n + 1) * sizeof(uint64_t));
+    uint64_t *block_va = malloc(((size_t)n + 1) * sizeof(uint64_t));
+    r->block_va = calloc((size_t)n + 1, sizeof(uint64_t));
+    if (!alloc_va || !block_va || !r->block_va) {
+        free(alloc_va);
+        free(block_va);
+        return FS_ERR_NOMEM;
+    }
+    int nb = fs_engine_host_blocks(alloc_va, block_va, n);
+    for (int i = 0; i < nb; i++) {
+        int a = alloc_at(r, alloc_va[i]);
+        if (a >= 0)
+            r->block_va[a] = block_va[i];
+    }
+    free(alloc_va);
+    free(block_va);
     r->trace_t0_ns = fs_sim_now_ns(r->dev);
     r->tracing = true;
     fs_sim_set_recorder(r->dev, on_record, r);
+    return FS_OK;
 }
 
 /* One iteration of the profile's launches through the engine. The program thread spends each
@@ -341,8 +373,10 @@ int fs_replay(const struct fs_profile *p, const struct fs_replay_config *cfg,
             fs_engine_get_stats(&warm);
             r.hook_ns = 0;
         }
-        if (it == cfg->iterations - 1 && cfg->trace)
-            trace_begin(&r);
+        if (it == cfg->iterations - 1 && cfg->trace && (rc = trace_begin(&r)) != FS_OK) {
+            seterr(err, errlen, "out of memory for the trace");
+            break;
+        }
         rc = run_iteration(&r, p, err, errlen);
         r.ends_us[it] = (double)fs_sim_now_ns(r.dev) / 1000;
     }
@@ -363,6 +397,7 @@ int fs_replay(const struct fs_profile *p, const struct fs_replay_config *cfg,
         out->timed_late = st.exec.late - warm.exec.late;
         out->timed_unplanned = st.exec.unplanned - warm.exec.unplanned;
         out->timed_faults = st.res.faults - warm.res.faults;
+        out->timed_ordered = st.res.ordered_waits - warm.res.ordered_waits;
         out->timed_hook_us = (double)r.hook_ns / 1000;
         double *d = r.ends_us; /* differences in place, from the end: each needs its left */
         for (int it = cfg->iterations - 1; it >= WARMUP; it--)

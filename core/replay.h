@@ -44,9 +44,10 @@ struct fs_replay_result {
     struct fs_exec_stats exec; /* totals, warm-up included */
     struct fs_res_stats res;
     /* over the timed iterations only (after the warm-up): their number, launches that waited
-     * for a late prefetch, references to allocations the plan had on host, fault-ins */
+     * for a late prefetch, references to allocations the plan had on host, fault-ins, launches
+     * ordered after a prefetch's copy on their stream */
     int timed;
-    uint64_t timed_late, timed_unplanned, timed_faults;
+    uint64_t timed_late, timed_unplanned, timed_faults, timed_ordered;
     double timed_hook_us; /* the program's thread in the launch hook (those waits, fault-ins) */
 };
 

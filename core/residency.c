@@ -317,6 +317,19 @@ static void quiesce_end(struct fs_residency *res)
         pthread_cond_broadcast(&res->moved); /* launches waiting at the gate (lock held) */
 }
 
+/* Tracked mode, A moving: has every use of A that may run finished? Never waits. */
+static bool quiet_now(struct fs_residency *res, struct fs_alloc *a)
+{
+    uint64_t synced = LOAD(&res->synced_epoch);
+    if (LOAD(&res->unknown_epoch) >= synced)
+        return false;
+    if (LOAD(&a->touch_epoch) < synced)
+        return true;
+    struct fs_shared_event *e = a->last_use;
+    return e && a->event_tick >= LOAD(&a->last_tick) &&
+           fs_dev_call(res->dev, event_query, e->ev) == FS_OK;
+}
+
 /* Replace A's mapping FROM by TO; on failure map FROM again so the VA stays mapped. */
 static int remap(struct fs_residency *res, struct fs_alloc *a, struct fs_block *from,
                  struct fs_block *to)
@@ -737,7 +750,10 @@ uint64_t fs_res_launch_begin(struct fs_residency *res, struct fs_alloc *const *a
      * under the lock, so once a pass ends without waiting nothing in the list is moving. */
     for (int i = 0; i < n; i++) {
         struct fs_alloc *a = allocs[i];
-        if (LOAD(&a->state) == FS_RES_MOVING ||
+        /* Arriving: its VA shows the block its copy fills, the launch will wait for the copy
+         * on its stream (below). A capture must not depend on work outside it: wait here. */
+        bool arriving = LOAD(&a->state) == FS_RES_MOVING && LOAD(&a->arriving) && !capturing;
+        if ((LOAD(&a->state) == FS_RES_MOVING && !arriving) ||
             (gated(res, unknown) && __atomic_load_n(&res->gate, __ATOMIC_SEQ_CST) != 0)) {
             if (LOAD(&a->state) == FS_RES_MOVING)
                 pthread_cond_wait(&res->moved, &res->lock);
@@ -753,6 +769,16 @@ uint64_t fs_res_launch_begin(struct fs_residency *res, struct fs_alloc *const *a
         } else if (LOAD(&a->state) == FS_RES_HOST) {
             STAT(res, host_served, 1);
         }
+    }
+    /* A prefetch ends under the lock: what is arriving now stays so until the holds are taken,
+     * and a hold keeps it from being moved again. */
+    for (int i = 0; i < n; i++) {
+        struct fs_alloc *a = allocs[i];
+        if (LOAD(&a->state) != FS_RES_MOVING)
+            continue;
+        if (fs_dev_call(res->dev, stream_wait_event, stream, a->arrive_ev) != FS_OK)
+            fs_dev_call(res->dev, event_sync, a->arrive_ev); /* the copy has landed, or failed */
+        STAT(res, ordered_waits, 1);
     }
     /* Under the lock no move begins and, for a gated launch, the gate is open (checked in the
      * pass above, and closed only under the lock), so these holds need no handshake. */
@@ -851,7 +877,7 @@ int fs_res_move_begin(struct fs_residency *res, uint64_t id, bool evict, struct 
         goto out;
     m->a = a;
     m->evict = evict;
-    m->comparing = m->fp_queued = m->fp_known = false;
+    m->comparing = m->fp_queued = m->fp_known = m->mapped_early = false;
     m->block = NULL;
     m->t_begin_ns = fs_now_ns();
     if (evict) {
@@ -885,7 +911,8 @@ int fs_res_move_begin(struct fs_residency *res, uint64_t id, bool evict, struct 
         if (evict) {
             rc = move_begin_evict(res, m);
         } else {
-            rc = fs_block_copy(res->dev, m->block, a->va, a->mapped, true, res->h2d);
+            /* Block to block, not from A's VA: the VA may be remapped while this runs. */
+            rc = fs_block_copy(res->dev, m->block, a->host->copy_va, a->mapped, true, res->h2d);
             if (rc == FS_OK)
                 move_queue_fp(res, m, m->block->copy_va, res->h2d);
         }
@@ -914,6 +941,17 @@ int fs_res_move_begin(struct fs_residency *res, uint64_t id, bool evict, struct 
     if (evict)
         res->evictions_inflight++;
     pthread_mutex_unlock(&res->lock);
+    /* No use of A runs any more: its VA can show the block the copy is filling (launches wait
+     * for the copy on their streams). A is moving, so nobody else touches it meanwhile. */
+    if (!evict && quiet_now(res, a) && remap(res, a, a->host, m->block) == FS_OK) {
+        pthread_mutex_lock(&res->lock);
+        m->mapped_early = true;
+        a->arrive_ev = m->ev;
+        STORE(&a->arriving, true);
+        STAT(res, early_maps, 1);
+        pthread_cond_broadcast(&res->moved); /* launches waiting for A may go on */
+        pthread_mutex_unlock(&res->lock);
+    }
     return FS_OK;
 undo_block:
     if (m->block)
@@ -1073,9 +1111,19 @@ int fs_res_move_end(struct fs_residency *res, struct fs_res_move *m, bool wait)
     /* The copy is done and the range quiet since its last use: remap without the lock. */
     if (rc == FS_OK && m->evict)
         return move_end_evict(res, m, clean);
-    if (rc == FS_OK)
+    if (rc == FS_OK && !m->mapped_early)
         rc = remap(res, a, a->host, m->block);
+    else if (rc != FS_OK && m->mapped_early) {
+        /* Only a broken context fails a queued copy; its launches fail with it. */
+        FS_ERROR("prefetching allocation %llu failed after its VA showed the device block (%s); "
+                 "launches queued since read undefined data", (unsigned long long)a->id,
+                 fs_err_str(rc));
+        if (remap(res, a, m->block, a->host) != FS_OK)
+            FS_ERROR("allocation %llu could not be mapped back to host memory",
+                     (unsigned long long)a->id);
+    }
     pthread_mutex_lock(&res->lock);
+    STORE(&a->arriving, false);
     quiesce_end(res);
     STAT(res, async_moves, 1);
     if (rc == FS_OK) {
@@ -1139,6 +1187,19 @@ void fs_res_get_stats(struct fs_residency *res, struct fs_res_stats *out)
     out->device_bytes_held = fs_phys_pool_held(&res->dev_pool);
     out->device_bytes_peak = fs_phys_pool_held_peak(&res->dev_pool);
     out->host_bytes_held = fs_phys_pool_held(&res->host_pool);
+}
+
+int fs_res_host_blocks(struct fs_residency *res, fs_dptr *alloc_va, fs_dptr *block_va, int max)
+{
+    int n = 0;
+    pthread_mutex_lock(&res->lock);
+    for (int i = 0; i < res->nallocs && n < max; i++)
+        if (res->allocs[i]->host) {
+            alloc_va[n] = res->allocs[i]->va;
+            block_va[n++] = res->allocs[i]->host->copy_va;
+        }
+    pthread_mutex_unlock(&res->lock);
+    return n;
 }
 
 uint64_t fs_res_device_bytes(struct fs_residency *res)

@@ -66,6 +66,11 @@ struct fs_alloc {
     int index;              /* in fs_residency.allocs */
     struct fs_fp fp;        /* fingerprint of the host copy, when fp_valid */
     bool fp_valid;          /* host block and device copy agreed when fp was taken */
+    /* moving onto the device with its VA already on the device block: launches make their
+     * stream wait for ARRIVE_EV (the copy) instead of waiting on the host (atomic; both change
+     * under the lock) */
+    bool arriving;
+    fs_event arrive_ev;
 };
 
 struct fs_res_stats {
@@ -82,6 +87,8 @@ struct fs_res_stats {
     uint64_t clean_evictions, clean_bytes; /* evictions whose write-back the fingerprint skipped */
     uint64_t fingerprints;            /* fingerprints taken */
     uint64_t async_moves;             /* moves through fs_res_move_begin/end */
+    uint64_t early_maps;              /* prefetches mapped at their VA before the copy landed */
+    uint64_t ordered_waits;           /* launches that waited for such a copy on their stream */
     uint64_t failures;                /* internal failures that fell back (logged) */
 };
 
@@ -169,9 +176,12 @@ void fs_res_prepin(struct fs_residency *res, const uint64_t *sizes, int n);
  * prefetches and remaps overlap (both link directions busy; the CPU remaps one allocation while
  * the link copies the next). fs_res_move_begin marks the allocation moving, orders the copy after
  * its last use on the engine's stream (no host wait), queues the copy (an eviction first
- * compares fingerprints and copies only if the data changed) and records M->EV; the residency
- * lock is free until fs_res_move_end, which waits for (or, WAIT false, polls) the copy, remaps
- * and finishes. Only in tracked mode with no unknown launch seen so far: a move in flight keeps
+ * compares fingerprints and copies only if the data changed) and records M->EV. A prefetch whose
+ * range is quiet already (no use of it may still run) then maps the device block at the VA
+ * while the copy runs: a launch that references it makes its stream wait for M->EV
+ * (fs_res_launch_begin), so the program's thread waits for no copy. The residency lock is free
+ * until fs_res_move_end, which waits for (or, WAIT false, polls) the copy, remaps if that was
+ * not done yet, and finishes. Only in tracked mode with no unknown launch seen so far: a move in flight keeps
  * the gate closed, which would stall strict mode's every launch (FS_ERR_UNSUPPORTED: use the
  * synchronous calls above). */
 #define FS_RES_NOTHING 1 /* begin: already where the move would put it */
@@ -189,6 +199,7 @@ struct fs_res_move {
     bool comparing;        /* eviction: the fingerprint is compared before any copy */
     bool fp_queued;        /* a fingerprint of the moved data lands in PARTS with EV */
     bool fp_known;         /* FP holds the moved data's fingerprint */
+    bool mapped_early;     /* prefetch: the VA shows the block already (A->arriving) */
     struct fs_fp fp;
     struct fs_block *block; /* prefetch: the device block being filled */
     uint64_t t_begin_ns;
@@ -227,6 +238,10 @@ void fs_res_launch_done(struct fs_residency *res, uint64_t tick, fs_stream strea
                         struct fs_alloc *const *allocs, int n, bool queued, bool unknown);
 
 void fs_res_get_stats(struct fs_residency *res, struct fs_res_stats *out);
+
+/* For drawing copies (a prefetch reads the host block, not the VA): up to MAX allocations with a
+ * host block, each as its VA and its host block's copy address. Returns how many. */
+int fs_res_host_blocks(struct fs_residency *res, fs_dptr *alloc_va, fs_dptr *block_va, int max);
 
 /* Device bytes managed allocations hold now (pool, used and cached). */
 uint64_t fs_res_device_bytes(struct fs_residency *res);

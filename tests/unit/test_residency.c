@@ -664,6 +664,62 @@ static void test_eviction_gives_room_before_mapping_host(void **state)
     env_close(&e);
 }
 
+/* A prefetch of a quiet allocation maps the device block at the VA while its copy runs: a launch
+ * then does not wait on the host (it runs on another thread here, joined with a deadline) but its
+ * kernel runs after the copy on the device, and sees the copied data. */
+struct arrive_arg {
+    struct env *e;
+    fs_dptr v;
+    struct kctx k;
+    bool done;
+};
+
+static void *arrive_program(void *p)
+{
+    struct arrive_arg *a = p;
+    uint64_t size = 16 * MIB;
+    launch(a->e, &a->v, &size, 1, 1000, add_one, &a->k);
+    __atomic_store_n(&a->done, true, __ATOMIC_RELEASE);
+    return NULL;
+}
+
+static void test_prefetch_maps_early_and_launch_waits_on_its_stream(void **state)
+{
+    (void)state;
+    struct env e;
+    env_open(&e, 64 * MIB, false);
+    struct arrive_arg a = {.e = &e, .k = {.words = (uint32_t)(16 * MIB / 4)}};
+    alloc_filled(&e, &a.v, 1, 16 * MIB);
+    struct fs_alloc *A = fs_res_lookup(&e.res, a.v);
+    assert_int_equal(fs_res_evict_id(&e.res, A->id), FS_OK);
+    struct fs_res_stats s0, s1;
+    fs_res_get_stats(&e.res, &s0);
+    struct fs_res_move m = {0};
+    move_init(&e, &m);
+    assert_int_equal(fs_res_move_begin(&e.res, A->id, false, &m), FS_OK);
+    assert_true(m.mapped_early);
+    assert_true(A->arriving);
+    assert_int_equal(A->state, FS_RES_MOVING);
+    assert_int_equal(where(&e, a.v), FS_LOC_DEVICE); /* before the copy has landed */
+    pthread_t t;
+    assert_int_equal(pthread_create(&t, NULL, arrive_program, &a), 0);
+    for (int i = 0; i < 5000 && !__atomic_load_n(&a.done, __ATOMIC_ACQUIRE); i++)
+        usleep(1000);
+    assert_true(__atomic_load_n(&a.done, __ATOMIC_ACQUIRE)); /* queued while still moving */
+    assert_int_equal(pthread_join(t, NULL), 0);
+    assert_int_equal(fs_res_move_end(&e.res, &m, true), FS_OK);
+    assert_false(A->arriving);
+    assert_int_equal(A->state, FS_RES_DEVICE);
+    assert_int_equal(fs_dev_call(e.dev, ctx_sync), FS_OK);
+    check(&e, a.v, 16 * MIB, 0, 1); /* the kernel ran on the copied data, after the copy */
+    fs_res_get_stats(&e.res, &s1);
+    assert_int_equal(s1.early_maps, s0.early_maps + 1);
+    assert_int_equal(s1.ordered_waits, s0.ordered_waits + 1);
+    assert_int_equal(s1.prefetches, s0.prefetches + 1);
+    move_fini(&e, &m);
+    env_close(&e);
+}
+
 /* If host memory cannot be mapped after the device memory went back, the data comes back on the
  * device (over the budget if need be): the VA is mapped, the data intact, the failure counted. */
 static void test_eviction_host_map_failure_keeps_data(void **state)
@@ -942,6 +998,7 @@ int main(void)
         cmocka_unit_test(test_prepin_fills_the_host_pool_ahead),
         cmocka_unit_test(test_launch_waits_for_moves_begun_while_it_waited),
         cmocka_unit_test(test_eviction_gives_room_before_mapping_host),
+        cmocka_unit_test(test_prefetch_maps_early_and_launch_waits_on_its_stream),
         cmocka_unit_test(test_eviction_host_map_failure_keeps_data),
         cmocka_unit_test(test_plan_kept_allocations_are_evicted_last),
         cmocka_unit_test(test_clean_eviction_skips_write_back),
