@@ -76,10 +76,9 @@ static void start_jobs(struct fs_executor *x)
             return;
         }
         if (rc == FS_OK) {
-            if (!job.evict)
-                pthread_cond_broadcast(&x->done); /* it may be arriving: late launches go on */
             slot->job = job;
             slot->busy = true;
+            slot->map_tried = slot->ended = false;
             x->inflight++;
             x->stats.overlapped++;
             if ((uint64_t)x->inflight > x->stats.max_inflight)
@@ -150,9 +149,50 @@ static void *mover_main(void *arg)
     return NULL;
 }
 
+/* The prefetch finisher, before it waits for its oldest copy: map each begun prefetch's block at
+ * its VA (the oldest first), so that launches needing it wait for the copy on their streams
+ * instead of on this thread's remap after the copy (lock held; dropped around each remap). */
+static void map_begun(struct fs_executor *x, struct fs_exec_finisher *f)
+{
+    for (int k = 0; k < f->len; k++) { /* the mover may append meanwhile; only we pop */
+        struct fs_exec_slot *slot = &x->slots[f->ring[(f->head + k) % FS_EXEC_MOVES_INFLIGHT]];
+        if (slot->map_tried)
+            continue;
+        slot->map_tried = true;
+        pthread_mutex_unlock(&x->lock);
+        int rc = capture_in_progress(x) ? FS_ERR_NOT_READY : fs_res_move_map(x->res, &slot->m);
+        pthread_mutex_lock(&x->lock);
+        if (rc == FS_OK)
+            pthread_cond_broadcast(&x->done); /* launches waiting for it go on */
+    }
+}
+
+/* The eviction finisher, before it maps host memory for its oldest eviction (slow): give back
+ * the device memory of every eviction whose copy is done, in order, so that prefetches held for
+ * room start now (lock held; dropped around each). A failed one is over: its result waits. */
+static void release_done(struct fs_executor *x, struct fs_exec_finisher *f)
+{
+    for (int k = 0; k < f->len; k++) {
+        struct fs_exec_slot *slot = &x->slots[f->ring[(f->head + k) % FS_EXEC_MOVES_INFLIGHT]];
+        if (slot->m.released || slot->ended)
+            continue;
+        pthread_mutex_unlock(&x->lock);
+        int rc = capture_in_progress(x) ? FS_ERR_NOT_READY
+                                        : fs_res_move_release(x->res, &slot->m, false);
+        pthread_mutex_lock(&x->lock);
+        if (rc == FS_ERR_NOT_READY)
+            return; /* the later ones are behind it on the stream */
+        if (rc != FS_OK) {
+            slot->ended = true;
+            slot->end_rc = rc;
+        }
+    }
+}
+
 /* A finisher ends the moves of one kind in the order they began (the order of their stream):
- * it waits for each copy and remaps, so the mover keeps starting copies meanwhile, and an
- * eviction's slow remap to host memory never holds back a prefetch's remap. */
+ * it waits for each copy and remaps, so the mover keeps starting copies meanwhile (it does no
+ * remap itself: the driver serializes remaps, and the evictions' host mappings are slow), and
+ * an eviction's slow remap to host memory is never queued before a prefetch's on our side. */
 static void *finisher_main(void *arg)
 {
     struct fs_exec_finisher *f = arg;
@@ -165,6 +205,10 @@ static void *finisher_main(void *arg)
             pthread_cond_wait(&f->wake, &x->lock);
         if (f->len == 0)
             break;
+        if (f == &x->fin[1])
+            map_begun(x, f);
+        else
+            release_done(x, f);
         struct fs_exec_slot *slot = &x->slots[f->ring[f->head]];
         f->head = (f->head + 1) % FS_EXEC_MOVES_INFLIGHT;
         f->len--;
@@ -172,7 +216,7 @@ static void *finisher_main(void *arg)
         /* Nothing may synchronize or remap while the program captures a graph. */
         while (capture_in_progress(x))
             nanosleep(&(struct timespec){.tv_nsec = 1000000}, NULL);
-        int rc = fs_res_move_end(x->res, &slot->m, true);
+        int rc = slot->ended ? slot->end_rc : fs_res_move_end(x->res, &slot->m, true);
         pthread_mutex_lock(&x->lock);
         slot->busy = false;
         x->inflight--;

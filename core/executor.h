@@ -90,6 +90,9 @@ struct fs_exec_slot {
     struct fs_exec_job job;
     struct fs_res_move m;
     bool busy;
+    bool map_tried; /* prefetch: the finisher tried to map it early (fs_res_move_map) */
+    bool ended;     /* eviction: failed while being released; END_RC says how */
+    int end_rc;
 };
 
 struct fs_executor {

@@ -877,7 +877,8 @@ int fs_res_move_begin(struct fs_residency *res, uint64_t id, bool evict, struct 
         goto out;
     m->a = a;
     m->evict = evict;
-    m->comparing = m->fp_queued = m->fp_known = m->mapped_early = false;
+    m->comparing = m->fp_queued = m->fp_known = m->mapped_early = m->released = false;
+    m->clean = false;
     m->block = NULL;
     m->t_begin_ns = fs_now_ns();
     if (evict) {
@@ -941,17 +942,6 @@ int fs_res_move_begin(struct fs_residency *res, uint64_t id, bool evict, struct 
     if (evict)
         res->evictions_inflight++;
     pthread_mutex_unlock(&res->lock);
-    /* No use of A runs any more: its VA can show the block the copy is filling (launches wait
-     * for the copy on their streams). A is moving, so nobody else touches it meanwhile. */
-    if (!evict && quiet_now(res, a) && remap(res, a, a->host, m->block) == FS_OK) {
-        pthread_mutex_lock(&res->lock);
-        m->mapped_early = true;
-        a->arrive_ev = m->ev;
-        STORE(&a->arriving, true);
-        STAT(res, early_maps, 1);
-        pthread_cond_broadcast(&res->moved); /* launches waiting for A may go on */
-        pthread_mutex_unlock(&res->lock);
-    }
     return FS_OK;
 undo_block:
     if (m->block)
@@ -960,6 +950,27 @@ undo_block:
 out:
     pthread_mutex_unlock(&res->lock);
     return rc;
+}
+
+int fs_res_move_map(struct fs_residency *res, struct fs_res_move *m)
+{
+    struct fs_alloc *a = m->a;
+    if (m->evict || m->mapped_early)
+        return FS_ERR_INVALID;
+    /* A is moving, so nobody else touches it: no lock needed for the check and the remap. */
+    if (!quiet_now(res, a))
+        return FS_ERR_NOT_READY;
+    int rc = remap(res, a, a->host, m->block);
+    if (rc != FS_OK)
+        return rc;
+    pthread_mutex_lock(&res->lock);
+    m->mapped_early = true;
+    a->arrive_ev = m->ev;
+    STORE(&a->arriving, true);
+    STAT(res, early_maps, 1);
+    pthread_cond_broadcast(&res->moved); /* launches waiting for A may go on */
+    pthread_mutex_unlock(&res->lock);
+    return FS_OK;
 }
 
 static int move_wait(struct fs_residency *res, struct fs_res_move *m, bool wait)
@@ -1028,16 +1039,48 @@ static int evict_undo(struct fs_residency *res, struct fs_alloc *a, int why)
     return rc;
 }
 
-/* The end of an eviction whose copy is done (or not needed): its device memory is given back
- * first, so a prefetch waiting for room can start; then the host memory is mapped at A's VA, the
- * slow part (about 10 ms per GiB, DESIGN.md). A is quiet and still marked moving meanwhile, so
- * nothing the shim knows of touches the unmapped VA. */
-static int move_end_evict(struct fs_residency *res, struct fs_res_move *m, bool clean)
+/* The copy of M is done (or, WAIT false, FS_ERR_NOT_READY): an eviction that compared
+ * fingerprints first copies now if the data changed (M->clean says whether it did not). */
+static int move_copy_done(struct fs_residency *res, struct fs_res_move *m, bool wait)
 {
     struct fs_alloc *a = m->a;
-    int rc = fs_dev_call(res->dev, unmap, a->va, a->mapped);
+    int rc = move_wait(res, m, wait);
+    if (rc != FS_OK)
+        return rc;
+    if (m->comparing) {
+        /* Nothing else touches A or the d2h stream's state for it: no lock needed here. */
+        m->fp = fs_fp_combine(m->parts);
+        m->fp_known = true;
+        m->comparing = false;
+        m->clean = fs_fp_equal(m->fp, a->fp);
+        if (m->clean)
+            return FS_OK;
+        a->fp_valid = false;
+        rc = fs_block_copy(res->dev, a->host, a->va, a->mapped, true, res->d2h);
+        if (rc == FS_OK)
+            rc = fs_dev_call(res->dev, event_record, m->ev, res->d2h);
+        return rc == FS_OK ? move_wait(res, m, wait) : rc;
+    }
+    if (m->fp_queued && !m->fp_known) {
+        m->fp = fs_fp_combine(m->parts);
+        m->fp_known = true;
+    }
+    return FS_OK;
+}
+
+int fs_res_move_release(struct fs_residency *res, struct fs_res_move *m, bool wait)
+{
+    if (m->released)
+        return FS_OK;
+    struct fs_alloc *a = m->a;
+    int rc = move_copy_done(res, m, wait);
+    if (rc == FS_ERR_NOT_READY)
+        return rc;
+    /* The copy is done and the range quiet since its last use: unmap without the lock. */
+    if (rc == FS_OK)
+        rc = fs_dev_call(res->dev, unmap, a->va, a->mapped);
     pthread_mutex_lock(&res->lock);
-    if (rc != FS_OK) { /* still mapped on the device */
+    if (rc != FS_OK) { /* still mapped on the device, the data there */
         quiesce_end(res);
         STAT(res, async_moves, 1);
         move_failed(res, m, rc);
@@ -1049,9 +1092,19 @@ static int move_end_evict(struct fs_residency *res, struct fs_res_move *m, bool 
     res->evictions_inflight--;
     STORE(&res->pressure, 1);
     pthread_mutex_unlock(&res->lock);
+    m->released = true;
     if (m->on_room)
         m->on_room(m->on_room_arg);
-    rc = fs_dev_call(res->dev, map, a->va, a->mapped, a->host->phys, 0);
+    return FS_OK;
+}
+
+/* The end of a released eviction: host memory mapped at A's VA, the slow part (about 10 ms per
+ * GiB, DESIGN.md). A is quiet and still marked moving meanwhile, so nothing the shim knows of
+ * touches the unmapped VA. */
+static int move_map_host(struct fs_residency *res, struct fs_res_move *m)
+{
+    struct fs_alloc *a = m->a;
+    int rc = fs_dev_call(res->dev, map, a->va, a->mapped, a->host->phys, 0);
     int undo = rc == FS_OK ? FS_OK : evict_undo(res, a, rc);
     pthread_mutex_lock(&res->lock);
     quiesce_end(res);
@@ -1064,7 +1117,7 @@ static int move_end_evict(struct fs_residency *res, struct fs_res_move *m, bool 
         }
         STAT(res, evictions, 1);
         STAT(res, evicted_bytes, a->mapped);
-        if (clean) {
+        if (m->clean) {
             STAT(res, clean_evictions, 1);
             STAT(res, clean_bytes, a->mapped);
         }
@@ -1083,34 +1136,14 @@ static int move_end_evict(struct fs_residency *res, struct fs_res_move *m, bool 
 int fs_res_move_end(struct fs_residency *res, struct fs_res_move *m, bool wait)
 {
     struct fs_alloc *a = m->a;
-    int rc = move_wait(res, m, wait);
+    if (m->evict) {
+        int rc = fs_res_move_release(res, m, wait);
+        return rc == FS_OK ? move_map_host(res, m) : rc;
+    }
+    int rc = move_copy_done(res, m, wait);
     if (rc == FS_ERR_NOT_READY)
         return rc;
-    bool clean = false;
-    if (rc == FS_OK && m->comparing) {
-        /* Nothing else touches A or the d2h stream's state for it: no lock needed here. */
-        m->fp = fs_fp_combine(m->parts);
-        m->fp_known = true;
-        m->comparing = false;
-        clean = fs_fp_equal(m->fp, a->fp);
-        if (!clean) {
-            a->fp_valid = false;
-            rc = fs_block_copy(res->dev, a->host, a->va, a->mapped, true, res->d2h);
-            if (rc == FS_OK)
-                rc = fs_dev_call(res->dev, event_record, m->ev, res->d2h);
-            if (rc == FS_OK) {
-                rc = move_wait(res, m, wait);
-                if (rc == FS_ERR_NOT_READY)
-                    return rc;
-            }
-        }
-    } else if (rc == FS_OK && m->fp_queued) {
-        m->fp = fs_fp_combine(m->parts);
-        m->fp_known = true;
-    }
     /* The copy is done and the range quiet since its last use: remap without the lock. */
-    if (rc == FS_OK && m->evict)
-        return move_end_evict(res, m, clean);
     if (rc == FS_OK && !m->mapped_early)
         rc = remap(res, a, a->host, m->block);
     else if (rc != FS_OK && m->mapped_early) {

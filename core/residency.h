@@ -176,12 +176,12 @@ void fs_res_prepin(struct fs_residency *res, const uint64_t *sizes, int n);
  * prefetches and remaps overlap (both link directions busy; the CPU remaps one allocation while
  * the link copies the next). fs_res_move_begin marks the allocation moving, orders the copy after
  * its last use on the engine's stream (no host wait), queues the copy (an eviction first
- * compares fingerprints and copies only if the data changed) and records M->EV. A prefetch whose
- * range is quiet already (no use of it may still run) then maps the device block at the VA
- * while the copy runs: a launch that references it makes its stream wait for M->EV
- * (fs_res_launch_begin), so the program's thread waits for no copy. The residency lock is free
- * until fs_res_move_end, which waits for (or, WAIT false, polls) the copy, remaps if that was
- * not done yet, and finishes. Only in tracked mode with no unknown launch seen so far: a move in flight keeps
+ * compares fingerprints and copies only if the data changed) and records M->EV. A begun
+ * prefetch whose range is quiet already (no use of it may still run) can then map the device
+ * block at the VA while the copy runs (fs_res_move_map): a launch that references it makes its
+ * stream wait for M->EV (fs_res_launch_begin), so the program's thread waits for no copy. The
+ * residency lock is free until fs_res_move_end, which waits for (or, WAIT false, polls) the
+ * copy, remaps if that was not done yet, and finishes. Only in tracked mode with no unknown launch seen so far: a move in flight keeps
  * the gate closed, which would stall strict mode's every launch (FS_ERR_UNSUPPORTED: use the
  * synchronous calls above). */
 #define FS_RES_NOTHING 1 /* begin: already where the move would put it */
@@ -200,6 +200,8 @@ struct fs_res_move {
     bool fp_queued;        /* a fingerprint of the moved data lands in PARTS with EV */
     bool fp_known;         /* FP holds the moved data's fingerprint */
     bool mapped_early;     /* prefetch: the VA shows the block already (A->arriving) */
+    bool released;         /* eviction: its device memory is back in the pool */
+    bool clean;            /* eviction: the fingerprint showed the data unchanged (no copy) */
     struct fs_fp fp;
     struct fs_block *block; /* prefetch: the device block being filled */
     uint64_t t_begin_ns;
@@ -209,6 +211,16 @@ struct fs_res_move {
  * FS_ERR_NOT_READY: in use or moving, or (prefetch) room comes only when moves in flight end:
  * retry later; FS_ERR_UNSUPPORTED (see above); FS_ERR_NOMEM (no room within the budget). */
 int fs_res_move_begin(struct fs_residency *res, uint64_t id, bool evict, struct fs_res_move *m);
+/* A begun prefetch: map its device block at the VA now, if no use of the range may still run
+ * (FS_ERR_NOT_READY: not known to be quiet; the end remaps). A remap costs driver time that
+ * other threads' remaps wait for, so it is not done on the thread that begins copies. */
+int fs_res_move_map(struct fs_residency *res, struct fs_res_move *m);
+/* A begun eviction's first half: once its copy is done (WAIT false: FS_ERR_NOT_READY before),
+ * unmap the device memory and give it back (M->ON_ROOM). FS_OK: fs_res_move_end then maps the
+ * host memory at the VA; another error: the move failed and is over (logged, counted). Ending
+ * the evictions whose copies are done before any of them maps host memory (slow) frees room for
+ * prefetches sooner. */
+int fs_res_move_release(struct fs_residency *res, struct fs_res_move *m, bool wait);
 /* FS_ERR_NOT_READY while the copy runs (WAIT false); FS_OK when moved; another error: the move
  * failed and the allocation stayed where it was (logged, counted). An eviction gives its device
  * memory back (M->ON_ROOM) before it maps the host memory. */

@@ -697,6 +697,8 @@ static void test_prefetch_maps_early_and_launch_waits_on_its_stream(void **state
     struct fs_res_move m = {0};
     move_init(&e, &m);
     assert_int_equal(fs_res_move_begin(&e.res, A->id, false, &m), FS_OK);
+    assert_int_equal(where(&e, a.v), FS_LOC_HOST); /* begun: the copy is queued, VA unchanged */
+    assert_int_equal(fs_res_move_map(&e.res, &m), FS_OK);
     assert_true(m.mapped_early);
     assert_true(A->arriving);
     assert_int_equal(A->state, FS_RES_MOVING);
