@@ -315,6 +315,29 @@ def hash_tensor_bytes(t):
     return hashlib.sha256(data).hexdigest()[:16]
 
 
+class IdleStart:
+    """How long each step runs host code before its first kernel (the input embedding): the GPU
+    has nothing to do then (the step starts after a synchronize), so an offloader can use that
+    time only to fill free room. Its median is the G of the report's L' = max(C, G + B/W)."""
+
+    def __init__(self, model):
+        self.t0 = None
+        self.ms = []
+        self.handle = model.get_input_embeddings().register_forward_pre_hook(self.hook)
+
+    def arm(self, t0):
+        self.t0 = t0
+
+    def hook(self, module, inputs):
+        if self.t0 is not None:
+            self.ms.append(round((time.perf_counter() - self.t0) * 1000, 3))
+            self.t0 = None
+
+    def done(self, res):
+        self.handle.remove()
+        res["idle_start_ms_steps"] = self.ms
+
+
 def run_prefill(model, args, res, stop):
     import torch
 
@@ -323,10 +346,12 @@ def run_prefill(model, args, res, stop):
                       dtype=torch.long).to("cuda")
     times, hashes = [], []
     last_tokens = None
+    idle = IdleStart(model)
     with torch.no_grad():
         for i in range(args.iters):
             torch.cuda.synchronize()
             t0 = time.perf_counter()
+            idle.arm(t0)
             out = model(input_ids=x, use_cache=False)
             torch.cuda.synchronize()
             times.append(time.perf_counter() - t0)
@@ -344,6 +369,7 @@ def run_prefill(model, args, res, stop):
             if stop(i):
                 print(f"  profile saved at iteration {stop.seen_at + 1}: stopping", flush=True)
                 break
+    idle.done(res)
     res["fingerprint"] = {"kind": "logits-rowsum-sha256", "value": hashes[-1],
                           "last_position_argmax": last_tokens,
                           "stable": len(set(hashes)) == 1, "distinct": len(set(hashes))}
@@ -367,9 +393,11 @@ def run_decode(model, args, res, stop):
         res["prompt_ms"] = r3((time.perf_counter() - t0) * 1000)
         del out
         toks = [cur]
+        idle = IdleStart(model)
         for i in range(args.iters):
             torch.cuda.synchronize()
             t0 = time.perf_counter()
+            idle.arm(t0)
             out = model(input_ids=cur, past_key_values=past, use_cache=True)
             past = out.past_key_values
             cur = out.logits[:, -1, :].argmax(dim=-1, keepdim=True)
@@ -385,6 +413,7 @@ def run_decode(model, args, res, stop):
             if stop(i):
                 print(f"  profile saved at step {stop.seen_at + 1}: stopping", flush=True)
                 break
+        idle.done(res)
         tokens = [int(t) for t in torch.cat(toks, dim=1).flatten().cpu().tolist()]
     res["fingerprint"] = {"kind": "tokens", "value": hashlib.sha256(
         json.dumps(tokens).encode()).hexdigest()[:16], "tokens": tokens}
@@ -494,6 +523,8 @@ def measure(args, res):
     res["timed_steps"] = n
     res["warmup_steps"] = min(args.warmup, len(times)) if n < len(times) else 0
     res["first_step_ms"] = res["step_ms"][0] if times else None
+    g, _ = median_of(res.get("idle_start_ms_steps") or [], args.warmup)
+    res["idle_start_ms"] = r3(g) if g is not None else None
     res["peak_allocated_bytes"] = torch.cuda.max_memory_allocated()
     res["peak_reserved_bytes"] = torch.cuda.max_memory_reserved()
     if args.system == "noshim":
@@ -528,6 +559,7 @@ def fake_measure(args, res):
     base = max(c, moved) * (factor if moved > 0 or args.system == "noshim" else 1.02)
     times = [base * (1 + 0.02 * rnd.random()) for _ in range(args.iters)]
     med, n = median_of(times, args.warmup)
+    res["idle_start_ms"] = 4.0 if args.workload == "decode" else 1.0
     res.update(step_ms=[round(t, 3) for t in times], step_ms_median=round(med, 3),
                timed_steps=n, warmup_steps=args.warmup, build_s=3.0, import_s=4.0,
                ttfs_s=9.0 + (1.5 if args.system == "flexshim" else 0.0),
