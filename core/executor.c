@@ -51,6 +51,14 @@ static bool next_job(struct fs_executor *x, struct fs_exec_job *job)
     return true;
 }
 
+/* Hand slot I to finisher F (lock held). */
+static void push_slot(struct fs_exec_finisher *f, int i)
+{
+    f->ring[(f->head + f->len) % FS_EXEC_MOVES_INFLIGHT] = i;
+    f->len++;
+    pthread_cond_signal(&f->wake);
+}
+
 /* Start the next jobs while slots are free (lock held; dropped around device work). A prefetch
  * that must wait for the room of evictions in flight is held back until they end. */
 static void start_jobs(struct fs_executor *x)
@@ -83,10 +91,9 @@ static void start_jobs(struct fs_executor *x)
             x->stats.overlapped++;
             if ((uint64_t)x->inflight > x->stats.max_inflight)
                 x->stats.max_inflight = (uint64_t)x->inflight;
-            struct fs_exec_finisher *f = &x->fin[job.evict ? 0 : 1];
-            f->ring[(f->head + f->len) % FS_EXEC_MOVES_INFLIGHT] = (int)(slot - x->slots);
-            f->len++;
-            pthread_cond_signal(&f->wake);
+            push_slot(&x->fin[job.evict ? FIN_EVICT : FIN_PREFETCH], (int)(slot - x->slots));
+            if (!job.evict)
+                push_slot(&x->fin[FIN_MAP], (int)(slot - x->slots));
             continue;
         }
         if (rc == FS_ERR_UNSUPPORTED || (rc == FS_ERR_NOT_READY && !job.evict)) {
@@ -139,7 +146,7 @@ static void *mover_main(void *arg)
     /* Moves begun are ended by the finishers before they stop. */
     while (x->inflight > 0)
         pthread_cond_wait(&x->wake, &x->lock);
-    for (int i = 0; i < 2; i++) {
+    for (int i = 0; i < FS_EXEC_FINISHERS; i++) {
         x->fin[i].stop = true;
         pthread_cond_signal(&x->fin[i].wake);
     }
@@ -149,22 +156,21 @@ static void *mover_main(void *arg)
     return NULL;
 }
 
-/* The prefetch finisher, before it waits for its oldest copy: map each begun prefetch's block at
- * its VA (the oldest first), so that launches needing it wait for the copy on their streams
- * instead of on this thread's remap after the copy (lock held; dropped around each remap). */
-static void map_begun(struct fs_executor *x, struct fs_exec_finisher *f)
+/* FIN_MAP: map the block of the begun prefetch at the head of F's ring at its VA (lock held;
+ * dropped around the remap), so that launches needing it wait for the copy on their streams
+ * instead of on the finisher's remap after the copy. The prefetch finisher ends it only after. */
+static void map_next(struct fs_executor *x, struct fs_exec_finisher *f)
 {
-    for (int k = 0; k < f->len; k++) { /* the mover may append meanwhile; only we pop */
-        struct fs_exec_slot *slot = &x->slots[f->ring[(f->head + k) % FS_EXEC_MOVES_INFLIGHT]];
-        if (slot->map_tried)
-            continue;
-        slot->map_tried = true;
-        pthread_mutex_unlock(&x->lock);
-        int rc = capture_in_progress(x) ? FS_ERR_NOT_READY : fs_res_move_map(x->res, &slot->m);
-        pthread_mutex_lock(&x->lock);
-        if (rc == FS_OK)
-            pthread_cond_broadcast(&x->done); /* launches waiting for it go on */
-    }
+    struct fs_exec_slot *slot = &x->slots[f->ring[f->head]];
+    f->head = (f->head + 1) % FS_EXEC_MOVES_INFLIGHT;
+    f->len--;
+    pthread_mutex_unlock(&x->lock);
+    int rc = capture_in_progress(x) ? FS_ERR_NOT_READY : fs_res_move_map(x->res, &slot->m);
+    pthread_mutex_lock(&x->lock);
+    slot->map_tried = true;
+    if (rc == FS_OK)
+        pthread_cond_broadcast(&x->done); /* launches waiting for it go on */
+    pthread_cond_signal(&x->fin[FIN_PREFETCH].wake);
 }
 
 /* The eviction finisher, before it maps host memory for its oldest eviction (slow): give back
@@ -205,11 +211,17 @@ static void *finisher_main(void *arg)
             pthread_cond_wait(&f->wake, &x->lock);
         if (f->len == 0)
             break;
-        if (f == &x->fin[1])
-            map_begun(x, f);
-        else
+        if (f == &x->fin[FIN_MAP]) {
+            map_next(x, f);
+            continue;
+        }
+        if (f == &x->fin[FIN_EVICT])
             release_done(x, f);
         struct fs_exec_slot *slot = &x->slots[f->ring[f->head]];
+        if (f == &x->fin[FIN_PREFETCH] && !slot->map_tried) {
+            pthread_cond_wait(&f->wake, &x->lock); /* FIN_MAP is at it */
+            continue;
+        }
         f->head = (f->head + 1) % FS_EXEC_MOVES_INFLIGHT;
         f->len--;
         pthread_mutex_unlock(&x->lock);
@@ -294,7 +306,7 @@ int fs_exec_init(struct fs_executor *x, struct fs_residency *res)
     pthread_cond_init(&x->wake, NULL);
     pthread_cond_init(&x->done, NULL);
     int nfin = 0;
-    for (; nfin < 2; nfin++) {
+    for (; nfin < FS_EXEC_FINISHERS; nfin++) {
         x->fin[nfin].x = x;
         pthread_cond_init(&x->fin[nfin].wake, NULL);
         if (pthread_create(&x->fin[nfin].thread, NULL, finisher_main, &x->fin[nfin]) != 0) {
@@ -302,7 +314,7 @@ int fs_exec_init(struct fs_executor *x, struct fs_residency *res)
             break;
         }
     }
-    if (nfin < 2 || pthread_create(&x->mover, NULL, mover_main, x) != 0) {
+    if (nfin < FS_EXEC_FINISHERS || pthread_create(&x->mover, NULL, mover_main, x) != 0) {
         pthread_mutex_lock(&x->lock);
         for (int i = 0; i < nfin; i++) {
             x->fin[i].stop = true;
@@ -356,7 +368,7 @@ void fs_exec_shutdown(struct fs_executor *x)
     pthread_cond_signal(&x->wake);
     pthread_mutex_unlock(&x->lock);
     pthread_join(x->mover, NULL); /* it waits for the moves in flight and stops the finishers */
-    for (int i = 0; i < 2; i++)
+    for (int i = 0; i < FS_EXEC_FINISHERS; i++)
         pthread_join(x->fin[i].thread, NULL);
     x->mover_started = false;
     x->mover_joined = true;
@@ -369,7 +381,7 @@ void fs_exec_destroy(struct fs_executor *x)
     fs_exec_shutdown(x);
     free_plan(x);
     slots_destroy(x);
-    for (int i = 0; i < 2; i++)
+    for (int i = 0; i < FS_EXEC_FINISHERS; i++)
         pthread_cond_destroy(&x->fin[i].wake);
     pthread_cond_destroy(&x->done);
     pthread_cond_destroy(&x->wake);

@@ -41,8 +41,10 @@
 /* Launches of the plan a run may leave out, or add, at one point without losing its place (and
  * in one iteration, at most this many or an eighth of its launches, whichever is more). */
 #define FS_EXEC_SKIP_MAX 8
+enum { FIN_EVICT, FIN_PREFETCH, FIN_MAP, FS_EXEC_FINISHERS };
+
 /* Moves the mover keeps in flight (each has its own event and fingerprint buffer). */
-#define FS_EXEC_MOVES_INFLIGHT 8
+#define FS_EXEC_MOVES_INFLIGHT 32
 
 struct fs_exec_stats {
     uint64_t plans;            /* plans installed */
@@ -90,7 +92,7 @@ struct fs_exec_slot {
     struct fs_exec_job job;
     struct fs_res_move m;
     bool busy;
-    bool map_tried; /* prefetch: the finisher tried to map it early (fs_res_move_map) */
+    bool map_tried; /* prefetch: FIN_MAP tried to map it early (fs_res_move_map) */
     bool ended;     /* eviction: failed while being released; END_RC says how */
     int end_rc;
 };
@@ -132,7 +134,10 @@ struct fs_executor {
     uint64_t completions;    /* moves ended or evictions' room freed so far; held_at: the count
                               * when HELD was held */
     uint64_t held_at;
-    struct fs_exec_finisher fin[2]; /* [0] evictions, [1] prefetches */
+    /* [FIN_EVICT] ends evictions, [FIN_PREFETCH] prefetches; [FIN_MAP] maps begun prefetches at
+     * their VAs early (it never waits for a copy, so a prefetch begun while the finisher waits
+     * for an older one is mapped at once) */
+    struct fs_exec_finisher fin[FS_EXEC_FINISHERS];
     uint64_t q_gen;          /* changes whenever the queue is emptied or replaced */
     struct fs_exec_stats stats;
 };
