@@ -15,12 +15,14 @@
  * use, as residency.h requires; a prefetch that needs the room of evictions in flight waits for
  * them), so
  * the program's thread never copies or remaps for a plan: when a launch finds a planned
- * allocation whose prefetch has not begun yet it waits for the mover to begin it (counted as
- * late; the launch's own fault-in brings it only if that prefetch failed); once it has begun the
- * launch waits for the copy on its stream (residency.h, "arriving"). The thread usually runs ahead of
- * the device, so such a wait often holds the thread back while the device still has work
- * queued, rather than stalling the device. When the position is found, the executor first queues what the plan
- * wants at that point: allocations outside their window go to host, resident ones come back.
+ * allocation whose prefetch has not begun and been mapped yet it waits for that (counted as
+ * late; the launch's own fault-in brings it only if that prefetch failed); once it is mapped the
+ * launch waits for the copy on its stream (residency.h, "arriving"). The thread usually runs
+ * ahead of the device, so such a wait often holds the thread back while the device still has
+ * work queued, rather than stalling the device. Three threads finish the moves (fin[]): one maps
+ * begun prefetches early, one ends prefetches, one ends evictions. When the position is found,
+ * the executor first queues what the plan wants at that point: allocations outside their window
+ * go to host, resident ones come back.
  *
  * Matching the program: a profile describes allocations by order and size; each new managed
  * allocation is checked, and the first that differs stops the executor (the engine says so and
