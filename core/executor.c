@@ -86,7 +86,7 @@ static void start_jobs(struct fs_executor *x)
         if (rc == FS_OK) {
             slot->job = job;
             slot->busy = true;
-            slot->map_tried = slot->ended = false;
+            slot->map_tried = false;
             x->inflight++;
             x->stats.overlapped++;
             if ((uint64_t)x->inflight > x->stats.max_inflight)
@@ -175,12 +175,13 @@ static void map_next(struct fs_executor *x, struct fs_exec_finisher *f)
 
 /* The eviction finisher, before it maps host memory for its oldest eviction (slow): give back
  * the device memory of every eviction whose copy is done, in order, so that prefetches held for
- * room start now (lock held; dropped around each). A failed one is over: its result waits. */
+ * room start now (lock held; dropped around each). A failed one is over: fs_res_move_end says
+ * so when its turn comes. */
 static void release_done(struct fs_executor *x, struct fs_exec_finisher *f)
 {
     for (int k = 0; k < f->len; k++) {
         struct fs_exec_slot *slot = &x->slots[f->ring[(f->head + k) % FS_EXEC_MOVES_INFLIGHT]];
-        if (slot->m.released || slot->ended)
+        if (slot->m.released || slot->m.failed_rc)
             continue;
         pthread_mutex_unlock(&x->lock);
         int rc = capture_in_progress(x) ? FS_ERR_NOT_READY
@@ -188,10 +189,6 @@ static void release_done(struct fs_executor *x, struct fs_exec_finisher *f)
         pthread_mutex_lock(&x->lock);
         if (rc == FS_ERR_NOT_READY)
             return; /* the later ones are behind it on the stream */
-        if (rc != FS_OK) {
-            slot->ended = true;
-            slot->end_rc = rc;
-        }
     }
 }
 
@@ -228,7 +225,7 @@ static void *finisher_main(void *arg)
         /* Nothing may synchronize or remap while the program captures a graph. */
         while (capture_in_progress(x))
             nanosleep(&(struct timespec){.tv_nsec = 1000000}, NULL);
-        int rc = slot->ended ? slot->end_rc : fs_res_move_end(x->res, &slot->m, true);
+        int rc = fs_res_move_end(x->res, &slot->m, true);
         pthread_mutex_lock(&x->lock);
         slot->busy = false;
         x->inflight--;
@@ -700,14 +697,6 @@ static int follow(struct fs_executor *x, uint64_t sig)
     return -1;
 }
 
-/* On the device, or on its way with its VA showing the device block: a launch then waits for
- * the copy on its stream (residency.h), not on the program's thread. */
-static bool on_device(const struct fs_alloc *a)
-{
-    return __atomic_load_n(&a->state, __ATOMIC_ACQUIRE) == FS_RES_DEVICE ||
-           __atomic_load_n(&a->arriving, __ATOMIC_ACQUIRE);
-}
-
 void fs_exec_launch_enter(struct fs_executor *x, struct fs_launch_ticket *t)
 {
     t->pos = -1;
@@ -730,7 +719,7 @@ void fs_exec_launch_enter(struct fs_executor *x, struct fs_launch_ticket *t)
      * the launch whose end frees the memory, not for a stall). */
     for (int i = 0; i < t->n; i++) {
         const struct fs_alloc *a = t->refs[i];
-        if (on_device(a))
+        if (fs_res_on_device(a))
             continue;
         bool planned = a->id < (uint64_t)x->prof.nallocs &&
                        present_at(&x->prof.plan.entries[a->id], cur);
@@ -742,7 +731,7 @@ void fs_exec_launch_enter(struct fs_executor *x, struct fs_launch_ticket *t)
         uint64_t t0 = fs_now_ns();
         /* The plan may be replaced while this waits: check the bound again each time. */
         while (fs_exec_running(x) && a->id < (uint64_t)x->prof.nallocs &&
-               x->pending[a->id] > 0 && !on_device(a))
+               x->pending[a->id] > 0 && !fs_res_on_device(a))
             pthread_cond_wait(&x->done, &x->lock);
         x->stats.late_wait_ns += fs_now_ns() - t0;
         if (!fs_exec_running(x))

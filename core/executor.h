@@ -95,8 +95,6 @@ struct fs_exec_slot {
     struct fs_res_move m;
     bool busy;
     bool map_tried; /* prefetch: FIN_MAP tried to map it early (fs_res_move_map) */
-    bool ended;     /* eviction: failed while being released; END_RC says how */
-    int end_rc;
 };
 
 struct fs_executor {

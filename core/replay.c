@@ -193,20 +193,12 @@ static void trace_event(struct replay *r, const struct fs_tl_event *ev)
     pthread_mutex_unlock(&r->trace_lock);
 }
 
-/* The allocation whose VA range holds VA, or -1 (a device block's own staging address). */
-static int alloc_at(const struct replay *r, fs_dptr va)
+/* The allocation A whose range [BASE[A], BASE[A] + its mapped size) holds VA, or -1; BASE is
+ * the allocations' VAs or their host blocks' addresses (0: none). */
+static int alloc_in(const struct replay *r, const fs_dptr *base, fs_dptr va)
 {
     for (int a = 0; a < r->p->nallocs; a++)
-        if (va >= r->va[a] && va - r->va[a] < r->p->allocs[a].mapped)
-            return a;
-    return -1;
-}
-
-/* The allocation whose host block holds VA (a prefetch copies from there), or -1. */
-static int alloc_of_block(const struct replay *r, fs_dptr va)
-{
-    for (int a = 0; a < r->p->nallocs; a++)
-        if (r->block_va[a] && va >= r->block_va[a] && va - r->block_va[a] < r->p->allocs[a].mapped)
+        if (base[a] && va >= base[a] && va - base[a] < r->p->allocs[a].mapped)
             return a;
     return -1;
 }
@@ -239,9 +231,9 @@ static void on_record(void *arg, const struct fs_sim_record *rec)
          * block; evictions write its host block from the VA. */
         ev.lane = rec->kind == FS_SIM_REC_COPY_H2D ? FS_TL_H2D : FS_TL_D2H;
         ev.fault_in = ev.lane == FS_TL_H2D && !rec->by_engine;
-        ev.alloc = alloc_at(r, rec->src);
+        ev.alloc = alloc_in(r, r->va, rec->src);
         if (ev.alloc < 0 && ev.lane == FS_TL_H2D)
-            ev.alloc = alloc_of_block(r, rec->src);
+            ev.alloc = alloc_in(r, r->block_va, rec->src);
         if (ev.alloc < 0)
             return;
     } else {
@@ -265,7 +257,7 @@ static int trace_begin(struct replay *r)
     }
     int nb = fs_engine_host_blocks(alloc_va, block_va, n);
     for (int i = 0; i < nb; i++) {
-        int a = alloc_at(r, alloc_va[i]);
+        int a = alloc_in(r, r->va, alloc_va[i]);
         if (a >= 0)
             r->block_va[a] = block_va[i];
     }

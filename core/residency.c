@@ -271,6 +271,24 @@ static void end_move(struct fs_residency *res, struct fs_alloc *a, int state)
     pthread_cond_broadcast(&res->moved);
 }
 
+/* Tracked mode: what may still be using A. *UNTOUCHED: nothing, since the last full
+ * synchronize; else its last-use event, which covers every use of A; NULL when that is not
+ * known (an unknown launch, or a use no event covers): only a full synchronize tells. */
+static struct fs_shared_event *last_use_of(struct fs_residency *res, struct fs_alloc *a,
+                                           bool *untouched)
+{
+    uint64_t synced = LOAD(&res->synced_epoch);
+    *untouched = false;
+    if (LOAD(&res->unknown_epoch) >= synced)
+        return NULL;
+    if (LOAD(&a->touch_epoch) < synced) {
+        *untouched = true;
+        return NULL;
+    }
+    struct fs_shared_event *e = a->last_use;
+    return e && a->event_tick >= LOAD(&a->last_tick) ? e : NULL;
+}
+
 /* Strict mode: stop new launches at the gate, let the ones being queued finish queuing, and wait
  * for all queued work, so nothing (not even a kernel holding A's address in device memory) can be
  * touching A during the remap. Tracked mode: wait only for what may reference A; with ORDER_ON,
@@ -285,11 +303,11 @@ static int quiesce_on(struct fs_residency *res, struct fs_alloc *a, fs_stream or
     while (__atomic_load_n(&res->launches_inflight, __ATOMIC_SEQ_CST) != 0)
         sched_yield();
     if (!res->strict) {
-        uint64_t synced = LOAD(&res->synced_epoch);
-        if (LOAD(&a->touch_epoch) < synced && LOAD(&res->unknown_epoch) < synced)
-            return FS_OK; /* untouched since a full synchronize */
-        struct fs_shared_event *e = a->last_use;
-        if (LOAD(&res->unknown_epoch) < synced && e && a->event_tick >= LOAD(&a->last_tick)) {
+        bool untouched;
+        struct fs_shared_event *e = last_use_of(res, a, &untouched);
+        if (untouched)
+            return FS_OK;
+        if (e) {
             if (!order_on)
                 return fs_dev_call(res->dev, event_sync, e->ev);
             /* Waiting on an event recorded in a capture would pull our stream into the
@@ -320,14 +338,9 @@ static void quiesce_end(struct fs_residency *res)
 /* Tracked mode, A moving: has every use of A that may run finished? Never waits. */
 static bool quiet_now(struct fs_residency *res, struct fs_alloc *a)
 {
-    uint64_t synced = LOAD(&res->synced_epoch);
-    if (LOAD(&res->unknown_epoch) >= synced)
-        return false;
-    if (LOAD(&a->touch_epoch) < synced)
-        return true;
-    struct fs_shared_event *e = a->last_use;
-    return e && a->event_tick >= LOAD(&a->last_tick) &&
-           fs_dev_call(res->dev, event_query, e->ev) == FS_OK;
+    bool untouched;
+    struct fs_shared_event *e = last_use_of(res, a, &untouched);
+    return untouched || (e && fs_dev_call(res->dev, event_query, e->ev) == FS_OK);
 }
 
 /* Replace A's mapping FROM by TO; on failure map FROM again so the VA stays mapped. */
@@ -879,6 +892,7 @@ int fs_res_move_begin(struct fs_residency *res, uint64_t id, bool evict, struct 
     m->evict = evict;
     m->comparing = m->fp_queued = m->fp_known = m->mapped_early = m->released = false;
     m->clean = false;
+    m->failed_rc = FS_OK;
     m->block = NULL;
     m->t_begin_ns = fs_now_ns();
     if (evict) {
@@ -1070,8 +1084,8 @@ static int move_copy_done(struct fs_residency *res, struct fs_res_move *m, bool 
 
 int fs_res_move_release(struct fs_residency *res, struct fs_res_move *m, bool wait)
 {
-    if (m->released)
-        return FS_OK;
+    if (m->released || m->failed_rc)
+        return m->failed_rc;
     struct fs_alloc *a = m->a;
     int rc = move_copy_done(res, m, wait);
     if (rc == FS_ERR_NOT_READY)
@@ -1085,6 +1099,7 @@ int fs_res_move_release(struct fs_residency *res, struct fs_res_move *m, bool wa
         STAT(res, async_moves, 1);
         move_failed(res, m, rc);
         pthread_mutex_unlock(&res->lock);
+        m->failed_rc = rc;
         return rc;
     }
     fs_phys_pool_put(&res->dev_pool, a->dev);

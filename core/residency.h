@@ -152,6 +152,14 @@ static inline struct fs_alloc *fs_res_lookup(const struct fs_residency *res, uin
     return a && addr < a->va + a->size ? a : NULL;
 }
 
+/* On the device, or arriving (its VA shows the device block its copy fills): a launch needs
+ * no wait on the host for it, only on its stream for the copy (fs_res_launch_begin). */
+static inline bool fs_res_on_device(const struct fs_alloc *a)
+{
+    return __atomic_load_n(&a->state, __ATOMIC_ACQUIRE) == FS_RES_DEVICE ||
+           __atomic_load_n(&a->arriving, __ATOMIC_ACQUIRE);
+}
+
 /* The planner's moves, by allocation order ID (the allocation may have been freed meanwhile:
  * FS_ERR_NOT_FOUND). Prefetch: bring it onto the device now (the caller waits; "make resident
  * ahead of use"); FS_ERR_NOMEM when the budget cannot make room (it stays on host). Evict: to
@@ -201,6 +209,7 @@ struct fs_res_move {
     bool fp_known;         /* FP holds the moved data's fingerprint */
     bool mapped_early;     /* prefetch: the VA shows the block already (A->arriving) */
     bool released;         /* eviction: its device memory is back in the pool */
+    int failed_rc;         /* eviction: why its release failed (the move is over), or FS_OK */
     bool clean;            /* eviction: the fingerprint showed the data unchanged (no copy) */
     struct fs_fp fp;
     struct fs_block *block; /* prefetch: the device block being filled */
@@ -217,7 +226,8 @@ int fs_res_move_begin(struct fs_residency *res, uint64_t id, bool evict, struct 
 int fs_res_move_map(struct fs_residency *res, struct fs_res_move *m);
 /* A begun eviction's first half: once its copy is done (WAIT false: FS_ERR_NOT_READY before),
  * unmap the device memory and give it back (M->ON_ROOM). FS_OK: fs_res_move_end then maps the
- * host memory at the VA; another error: the move failed and is over (logged, counted). Ending
+ * host memory at the VA; another error: the move failed and is over (logged, counted; later
+ * calls, fs_res_move_end's too, return the same error and do nothing). Ending
  * the evictions whose copies are done before any of them maps host memory (slow) frees room for
  * prefetches sooner. */
 int fs_res_move_release(struct fs_residency *res, struct fs_res_move *m, bool wait);

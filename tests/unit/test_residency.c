@@ -559,30 +559,38 @@ static void test_prepin_fills_the_host_pool_ahead(void **state)
     env_close(&e);
 }
 
+/* The program on a thread of its own: one add_one launch over its first N allocations of SIZE
+ * bytes each, lasting DURATION_NS; DONE once it is queued. */
+struct program_arg {
+    struct env *e;
+    fs_dptr v[2];
+    int n;
+    uint64_t size, duration_ns;
+    struct kctx k;
+    bool done;
+};
+
+static void *program_main(void *p)
+{
+    struct program_arg *r = p;
+    uint64_t sizes[2] = {r->size, r->size};
+    launch(r->e, r->v, sizes, r->n, r->duration_ns, add_one, &r->k);
+    __atomic_store_n(&r->done, true, __ATOMIC_RELEASE);
+    return NULL;
+}
+
 /* A launch that waits in its slow path (here for B's prefetch) drops the lock; an asynchronous
  * eviction of A, already looked at, may begin meanwhile. The launch must not take its holds while
  * A moves: it waits for that move too and brings A back, so the remap never runs under its kernel
  * (found in review: the simulator then reported an unsafe unmap). */
-struct race_arg {
-    struct env *e;
-    fs_dptr v[2];
-    struct kctx k;
-};
-
-static void *race_program(void *p)
-{
-    struct race_arg *r = p;
-    uint64_t sizes[2] = {8 * MIB, 8 * MIB};
-    launch(r->e, r->v, sizes, 2, 50000000, add_one, &r->k); /* long: still queued at a remap */
-    return NULL;
-}
-
 static void test_launch_waits_for_moves_begun_while_it_waited(void **state)
 {
     (void)state;
     struct env e;
     env_open(&e, 256 * MIB, false);
-    struct race_arg r = {.e = &e, .k = {.words = (uint32_t)(8 * MIB / 4)}};
+    struct program_arg r = {.e = &e, .n = 2, .size = 8 * MIB,
+                            .duration_ns = 50000000, /* long: still queued at a remap */
+                            .k = {.words = (uint32_t)(8 * MIB / 4)}};
     assert_int_equal(fs_res_alloc(&e.res, 8 * MIB, &r.v[0]), FS_OK);
     assert_int_equal(fs_res_alloc(&e.res, 8 * MIB, &r.v[1]), FS_OK);
     fill(&e, r.v[0], 8 * MIB, 1);
@@ -594,7 +602,7 @@ static void test_launch_waits_for_moves_begun_while_it_waited(void **state)
     move_init(&e, &ma);
     assert_int_equal(fs_res_move_begin(&e.res, B->id, false, &mb), FS_OK);
     pthread_t t;
-    assert_int_equal(pthread_create(&t, NULL, race_program, &r), 0);
+    assert_int_equal(pthread_create(&t, NULL, program_main, &r), 0);
     usleep(100000); /* the program waits for B, its holds dropped */
     assert_int_equal(fs_res_move_begin(&e.res, A->id, true, &ma), FS_OK);
     assert_int_equal(fs_res_move_end(&e.res, &mb, true), FS_OK);
@@ -667,44 +675,29 @@ static void test_eviction_gives_room_before_mapping_host(void **state)
 /* A prefetch of a quiet allocation maps the device block at the VA while its copy runs: a launch
  * then does not wait on the host (it runs on another thread here, joined with a deadline) but its
  * kernel runs after the copy on the device, and sees the copied data. */
-struct arrive_arg {
-    struct env *e;
-    fs_dptr v;
-    struct kctx k;
-    bool done;
-};
-
-static void *arrive_program(void *p)
-{
-    struct arrive_arg *a = p;
-    uint64_t size = 16 * MIB;
-    launch(a->e, &a->v, &size, 1, 1000, add_one, &a->k);
-    __atomic_store_n(&a->done, true, __ATOMIC_RELEASE);
-    return NULL;
-}
-
 static void test_prefetch_maps_early_and_launch_waits_on_its_stream(void **state)
 {
     (void)state;
     struct env e;
     env_open(&e, 64 * MIB, false);
-    struct arrive_arg a = {.e = &e, .k = {.words = (uint32_t)(16 * MIB / 4)}};
-    alloc_filled(&e, &a.v, 1, 16 * MIB);
-    struct fs_alloc *A = fs_res_lookup(&e.res, a.v);
+    struct program_arg a = {.e = &e, .n = 1, .size = 16 * MIB, .duration_ns = 1000,
+                            .k = {.words = (uint32_t)(16 * MIB / 4)}};
+    alloc_filled(&e, a.v, 1, 16 * MIB);
+    struct fs_alloc *A = fs_res_lookup(&e.res, a.v[0]);
     assert_int_equal(fs_res_evict_id(&e.res, A->id), FS_OK);
     struct fs_res_stats s0, s1;
     fs_res_get_stats(&e.res, &s0);
     struct fs_res_move m = {0};
     move_init(&e, &m);
     assert_int_equal(fs_res_move_begin(&e.res, A->id, false, &m), FS_OK);
-    assert_int_equal(where(&e, a.v), FS_LOC_HOST); /* begun: the copy is queued, VA unchanged */
+    assert_int_equal(where(&e, a.v[0]), FS_LOC_HOST); /* begun: the copy is queued, VA unchanged */
     assert_int_equal(fs_res_move_map(&e.res, &m), FS_OK);
     assert_true(m.mapped_early);
     assert_true(A->arriving);
     assert_int_equal(A->state, FS_RES_MOVING);
-    assert_int_equal(where(&e, a.v), FS_LOC_DEVICE); /* before the copy has landed */
+    assert_int_equal(where(&e, a.v[0]), FS_LOC_DEVICE); /* before the copy has landed */
     pthread_t t;
-    assert_int_equal(pthread_create(&t, NULL, arrive_program, &a), 0);
+    assert_int_equal(pthread_create(&t, NULL, program_main, &a), 0);
     for (int i = 0; i < 5000 && !__atomic_load_n(&a.done, __ATOMIC_ACQUIRE); i++)
         usleep(1000);
     assert_true(__atomic_load_n(&a.done, __ATOMIC_ACQUIRE)); /* queued while still moving */
@@ -713,7 +706,7 @@ static void test_prefetch_maps_early_and_launch_waits_on_its_stream(void **state
     assert_false(A->arriving);
     assert_int_equal(A->state, FS_RES_DEVICE);
     assert_int_equal(fs_dev_call(e.dev, ctx_sync), FS_OK);
-    check(&e, a.v, 16 * MIB, 0, 1); /* the kernel ran on the copied data, after the copy */
+    check(&e, a.v[0], 16 * MIB, 0, 1); /* the kernel ran on the copied data, after the copy */
     fs_res_get_stats(&e.res, &s1);
     assert_int_equal(s1.early_maps, s0.early_maps + 1);
     assert_int_equal(s1.ordered_waits, s0.ordered_waits + 1);
