@@ -30,12 +30,13 @@
 #                      for the four)
 #   FAKE=1             no GPU: bench.py makes numbers up (marked fake); tests this script here
 #
-# Output in $OUT (at most 8 files come back from the GPU machine; these are 6):
+# Output in $OUT (at most 8 files come back from the GPU machine; these are 7):
 #   bench.log            everything, as it happens (tee)
 #   bench.jsonl          one JSON line per measurement, appended as soon as it exists, so a run
 #                        cut short keeps what it measured (plus meta/skipped/failed/simulate lines)
 #   bench.json, bench.svg, summary.txt   bench/report.py build from bench.jsonl
 #   bench-logs.tar.gz    per-run output, the shim's logs, simulate output, the profiles
+#   traces.tar.gz        the measured flexshim runs' run traces (FLEXTENSOR_TRACE_OUT)
 # To merge two GPU calls: python3 bench/report.py build --out DIR A/bench.jsonl B/bench.jsonl
 set -uo pipefail
 export PYTHONUNBUFFERED=1
@@ -97,9 +98,14 @@ skip() {
 # Everything that comes back besides the JSON lines and the log, in one file (written after each
 # system, so a run cut short still leaves the logs of what it did).
 pack() {
-    (cd "$WORK" && find . -type f \( -path './logs/*' -o -name 'prof-*.json' \) -size -60M \
-        -print0 | tar --null -czf "$WORK/logs.tar.gz" -T -) &&
+    (cd "$WORK" && find . -type f \( -path './logs/*' -o -name 'prof-*.json' \) \
+        ! -name '*.trace.json' -size -60M -print0 | tar --null -czf "$WORK/logs.tar.gz" -T -) &&
         mv -f "$WORK/logs.tar.gz" "$OUT/bench-logs.tar.gz"
+    # The run traces apart (tens of MB each before compression; 16 MiB per file come back).
+    if compgen -G "$LOGS/*.trace.json" >/dev/null; then
+        (cd "$LOGS" && tar -czf "$WORK/traces.tar.gz" ./*.trace.json) &&
+            mv -f "$WORK/traces.tar.gz" "$OUT/traces.tar.gz"
+    fi
 }
 
 # The budgets: "PCT BYTES MIB" per line, from bench.py (the same arithmetic as the runs).
@@ -176,9 +182,11 @@ shim_env() {
     # REMAP_SAFETY=tracked: strict (the default) synchronizes the whole device at every move, so
     # no prefetch could overlap compute; tracked waits only for the launches that used the
     # allocation, which is safe here because the model keeps no pointers in device memory.
+    # A measured run (from a profile) also writes its run trace (flexshim-profile's timeline of
+    # the engine's moves, remaps and waits) beside its log.
     echo env LD_PRELOAD="$LIB" FLEXTENSOR_GPU_MEMORY_LIMIT="${mib}MiB" \
         FLEXTENSOR_REMAP_SAFETY=tracked FLEXTENSOR_LOG_LEVEL=info FLEXTENSOR_LOG_FILE="$log" \
-        ${prof:+FLEXTENSOR_PROFILE="$prof"}
+        ${prof:+FLEXTENSOR_PROFILE="$prof" FLEXTENSOR_TRACE_OUT="${log%.log}.trace.json"}
 }
 
 # ---- the steps -------------------------------------------------------------------------------

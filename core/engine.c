@@ -1,6 +1,7 @@
 #include "engine.h"
 
 #include <dlfcn.h>
+#include <errno.h>
 #include <pthread.h>
 #include <stdlib.h>
 #include <string.h>
@@ -10,10 +11,14 @@
 #include "log.h"
 #include "recorder.h"
 #include "residency.h"
+#include "run_trace.h"
 #include "strategies/strategy.h"
 
 /* The managed address range: 1 TiB, or less if the driver refuses (halving down to 16 GiB). */
 #define VA_SPACE_BYTES (1ull << 40)
+/* Spans the run trace keeps (40 bytes each; a 7B decode step at half its weights makes about
+ * 1200). The TRACE_OUT doc in config_params.h says this number. */
+#define RUN_TRACE_SPANS 262144
 
 enum start_state { NOT_STARTED, STARTED, START_FAILED };
 
@@ -321,6 +326,9 @@ static int start_locked(int want)
             goto fail_rec; /* the tracker said why */
     }
     eng.stats.budget = budget;
+    if (fs_config_str(cfg, FS_P_TRACE_OUT)[0] && fs_rt_open(RUN_TRACE_SPANS) != FS_OK)
+        FS_WARN("%s: no memory for the run trace; it is not written",
+                fs_param_defs[FS_P_TRACE_OUT].env_name);
     char b1[32], b2[32], b3[32];
     format_bytes(budget, b1, sizeof(b1));
     format_bytes(p->total_bytes, b2, sizeof(b2));
@@ -518,6 +526,62 @@ static void warn_if_nothing_seen(const struct fs_engine_stats *s)
             "rebuild with 'nvcc -cudart shared' so its allocations can be managed");
 }
 
+/* The executor's counters, and no moves from now on while the program's libraries shut down. */
+static void stop_and_log_plan(const struct fs_engine_stats *s)
+{
+    const struct fs_exec_stats x = s->exec;
+    fs_exec_shutdown(&eng.exec);
+    FS_INFO("plan: %llu installed; %llu launches followed (%llu of the plan's skipped, %llu "
+            "extra), %llu departures, %llu launches run reactively, found %llu times; %llu "
+            "prefetches (%llu bytes moved in) and %llu evictions queued; %llu late and %llu "
+            "unplanned references; %.1f ms waited for late prefetches; %llu references "
+            "ordered after a prefetch's copy on their stream (%llu prefetches mapped early); "
+            "%llu evictions skipped (in use), %llu failed moves, %llu dropped, %llu give-ups; "
+            "%llu moves overlapped (at most %llu at once)",
+            (unsigned long long)x.plans, (unsigned long long)x.synced,
+            (unsigned long long)x.skipped, (unsigned long long)x.extra,
+            (unsigned long long)x.departures, (unsigned long long)x.lost_launches,
+            (unsigned long long)x.syncs, (unsigned long long)x.prefetches,
+            (unsigned long long)s->res.prefetched_bytes, (unsigned long long)x.evictions,
+            (unsigned long long)x.late, (unsigned long long)x.unplanned,
+            (double)x.late_wait_ns / 1e6, (unsigned long long)s->res.ordered_waits,
+            (unsigned long long)s->res.early_maps, (unsigned long long)x.evict_busy,
+            (unsigned long long)x.move_failures,
+            (unsigned long long)x.dropped, (unsigned long long)x.give_ups,
+            (unsigned long long)x.overlapped, (unsigned long long)x.max_inflight);
+}
+
+/* The run trace, once the engine's threads stopped moving. */
+static void write_run_trace(void)
+{
+    const char *path = fs_config_str(fs_engine_config(), FS_P_TRACE_OUT);
+    uint64_t kept = 0, dropped = 0;
+    if (!fs_rt_on())
+        return;
+    if (fs_rt_write(path, &kept, &dropped) != FS_OK)
+        FS_WARN("%s=%s: cannot write the run trace (%s); check that the folder exists and is "
+                "writable", fs_param_defs[FS_P_TRACE_OUT].env_name, path, strerror(errno));
+    else
+        FS_INFO("run trace: %llu spans written to %s; %llu later ones did not fit",
+                (unsigned long long)kept, path, (unsigned long long)dropped);
+}
+
+/* Where the driver's remap time went: the cost that decides how fast allocations can move
+ * (DESIGN.md: host memory's set access is the slow part). */
+static void log_remaps(const struct fs_res_stats *r)
+{
+    FS_INFO("remaps: %llu device maps %.1f ms, %llu host maps %.1f ms, %llu device unmaps "
+            "%.1f ms, %llu host unmaps %.1f ms (host time in the driver)",
+            (unsigned long long)r->remaps[FS_REMAP_MAP][FS_LOC_DEVICE],
+            (double)r->remap_ns[FS_REMAP_MAP][FS_LOC_DEVICE] / 1e6,
+            (unsigned long long)r->remaps[FS_REMAP_MAP][FS_LOC_HOST],
+            (double)r->remap_ns[FS_REMAP_MAP][FS_LOC_HOST] / 1e6,
+            (unsigned long long)r->remaps[FS_REMAP_UNMAP][FS_LOC_DEVICE],
+            (double)r->remap_ns[FS_REMAP_UNMAP][FS_LOC_DEVICE] / 1e6,
+            (unsigned long long)r->remaps[FS_REMAP_UNMAP][FS_LOC_HOST],
+            (double)r->remap_ns[FS_REMAP_UNMAP][FS_LOC_HOST] / 1e6);
+}
+
 void fs_engine_shutdown(void)
 {
     struct fs_engine_stats s;
@@ -548,29 +612,10 @@ void fs_engine_shutdown(void)
             "unreadable), %llu layout queries",
             (unsigned long long)s.launch.launches, (unsigned long long)s.launch.with_refs,
             (unsigned long long)s.launch.unknown, (unsigned long long)s.launch.layout_queries);
-    if (!eng.planning)
-        return;
-    /* No moves while the program's libraries shut down. */
-    const struct fs_exec_stats x = s.exec;
-    fs_exec_shutdown(&eng.exec);
-    FS_INFO("plan: %llu installed; %llu launches followed (%llu of the plan's skipped, %llu "
-            "extra), %llu departures, %llu launches run reactively, found %llu times; %llu "
-            "prefetches (%llu bytes moved in) and %llu evictions queued; %llu late and %llu "
-            "unplanned references; %.1f ms waited for late prefetches; %llu references "
-            "ordered after a prefetch's copy on their stream (%llu prefetches mapped early); "
-            "%llu evictions skipped (in use), %llu failed moves, %llu dropped, %llu give-ups; "
-            "%llu moves overlapped (at most %llu at once)",
-            (unsigned long long)x.plans, (unsigned long long)x.synced,
-            (unsigned long long)x.skipped, (unsigned long long)x.extra,
-            (unsigned long long)x.departures, (unsigned long long)x.lost_launches,
-            (unsigned long long)x.syncs, (unsigned long long)x.prefetches,
-            (unsigned long long)s.res.prefetched_bytes, (unsigned long long)x.evictions,
-            (unsigned long long)x.late, (unsigned long long)x.unplanned,
-            (double)x.late_wait_ns / 1e6, (unsigned long long)s.res.ordered_waits,
-            (unsigned long long)s.res.early_maps, (unsigned long long)x.evict_busy,
-            (unsigned long long)x.move_failures,
-            (unsigned long long)x.dropped, (unsigned long long)x.give_ups,
-            (unsigned long long)x.overlapped, (unsigned long long)x.max_inflight);
+    if (eng.planning)
+        stop_and_log_plan(&s);
+    log_remaps(&s.res);
+    write_run_trace();
 }
 
 void fs_engine_teardown(void)
@@ -582,6 +627,7 @@ void fs_engine_teardown(void)
         if (!eng.dev_injected)
             eng.dev->ops->close(eng.dev);
     }
+    fs_rt_close();
     pthread_mutex_t lock = PTHREAD_MUTEX_INITIALIZER;
     memset(&eng, 0, sizeof(eng));
     eng.start_lock = lock;

@@ -5,6 +5,7 @@
 #include <time.h>
 
 #include "log.h"
+#include "run_trace.h"
 #include "strategies/schedule.h"
 
 #define HASH_MUL 0x100000001b3ull /* odd: the rolling hash's base */
@@ -41,6 +42,7 @@ static bool next_job(struct fs_executor *x, struct fs_exec_job *job)
     if (x->has_held) {
         *job = x->held;
         x->has_held = false;
+        fs_rt_span(FS_RT_HELD, job->id, 0, x->held_ns, fs_now_ns());
         return true;
     }
     if (x->q_len == 0)
@@ -71,13 +73,17 @@ static void start_jobs(struct fs_executor *x)
                 slot = &x->slots[i];
         uint64_t gen = x->q_gen;
         pthread_mutex_unlock(&x->lock);
+        uint64_t t0 = fs_now_ns();
         int rc = capture_in_progress(x) ? FS_ERR_NOT_READY
                  : slot                 ? fs_res_move_begin(x->res, job.id, job.evict, &slot->m)
                                         : FS_ERR_UNSUPPORTED; /* no slots: one at a time */
+        fs_rt_span(job.evict ? FS_RT_BEGIN_EVICT : FS_RT_BEGIN_PREFETCH, job.id, 0, t0,
+                   fs_now_ns());
         pthread_mutex_lock(&x->lock);
         if (rc == FS_ERR_NOT_READY && x->inflight > 0) {
             if (x->q_gen == gen) { /* else the plan it came from was dropped meanwhile */
                 x->held = job;
+                x->held_ns = t0;
                 x->has_held = true;
                 x->held_at = x->completions; /* retried once a move has ended */
             }
@@ -122,13 +128,14 @@ static bool can_start(const struct fs_executor *x)
 /* Nothing queued, held or in flight (lock held). */
 static bool idle(const struct fs_executor *x)
 {
-    return x->q_len == 0 && !x->has_held && x->inflight == 0;
+    return x->q_len == 0 && !x->has_held && x->inflight == 0 && x->released_len == 0;
 }
 
 static void *mover_main(void *arg)
 {
     struct fs_executor *x = arg;
     fs_thread_internal = true;
+    fs_rt_set_lane(FS_RT_MOVER);
     fs_dev_call(x->res->dev, bind_thread);
     pthread_mutex_lock(&x->lock);
     for (;;) {
@@ -173,65 +180,126 @@ static void map_next(struct fs_executor *x, struct fs_exec_finisher *f)
     pthread_cond_signal(&x->fin[FIN_PREFETCH].wake);
 }
 
-/* The eviction finisher, before it maps host memory for its oldest eviction (slow): give back
- * the device memory of every eviction whose copy is done, in order, so that prefetches held for
- * room start now (lock held; dropped around each). A failed one is over: fs_res_move_end says
- * so when its turn comes. */
-static void release_done(struct fs_executor *x, struct fs_exec_finisher *f)
+/* The slot at the head of F's ring is done with (lock held): the mover may start another move in
+ * it, and a prefetch held back may retry. JOB_RC: the job's result, or FS_RES_NOTHING when an
+ * eviction's job goes on without the slot (its host mapping). */
+static void free_head_slot(struct fs_executor *x, struct fs_exec_finisher *f, int job_rc)
 {
-    for (int k = 0; k < f->len; k++) {
-        struct fs_exec_slot *slot = &x->slots[f->ring[(f->head + k) % FS_EXEC_MOVES_INFLIGHT]];
-        if (slot->m.released || slot->m.failed_rc)
-            continue;
+    int i = f->ring[f->head];
+    struct fs_exec_slot *slot = &x->slots[i];
+    f->head = (f->head + 1) % FS_EXEC_MOVES_INFLIGHT;
+    f->len--;
+    fs_rt_span_on(FS_RT_SLOTS + i, slot->job.evict ? FS_RT_EVICT : FS_RT_PREFETCH, slot->job.id,
+                  slot->m.a ? slot->m.a->mapped : 0, slot->m.t_begin_ns, fs_now_ns());
+    slot->busy = false;
+    x->inflight--;
+    x->completions++;
+    if (job_rc != FS_RES_NOTHING)
+        job_done(x, &slot->job, job_rc);
+    pthread_cond_signal(&x->wake);
+}
+
+/* FIN_EVICT, first half: give back the device memory of the evictions whose copies are done, in
+ * the order they began (WAIT: the oldest one's copy is waited for), and free their slots at once:
+ * their host mapping (slow, serialized with every other remap in the driver) needs neither the
+ * event nor the fingerprint buffer, so it goes to the released queue and prefetches do not wait
+ * for a slot behind it (lock held; dropped around each release). */
+static void release_evictions(struct fs_executor *x, struct fs_exec_finisher *f, bool wait)
+{
+    while (f->len > 0 && x->released_len < FS_EXEC_RELEASED_MAX) {
+        struct fs_exec_slot *slot = &x->slots[f->ring[f->head]];
         pthread_mutex_unlock(&x->lock);
         int rc = capture_in_progress(x) ? FS_ERR_NOT_READY
-                                        : fs_res_move_release(x->res, &slot->m, false);
+                                        : fs_res_move_release(x->res, &slot->m, wait);
         pthread_mutex_lock(&x->lock);
         if (rc == FS_ERR_NOT_READY)
             return; /* the later ones are behind it on the stream */
+        wait = false;
+        if (rc == FS_OK) {
+            struct fs_exec_released *r =
+                &x->released[(x->released_head + x->released_len) % FS_EXEC_RELEASED_MAX];
+            r->job = slot->job;
+            r->m = slot->m;
+            x->released_len++;
+        }
+        free_head_slot(x, f, rc == FS_OK ? FS_RES_NOTHING : rc);
     }
+}
+
+/* FIN_EVICT, second half: map host memory at the VA of the oldest released eviction, which ends
+ * it (lock held; dropped around the remap). */
+static void map_released(struct fs_executor *x)
+{
+    /* Left in the queue until it ends (only this thread takes from or adds to it), so that
+     * idle() does not see the executor idle before then. */
+    struct fs_exec_released r = x->released[x->released_head];
+    pthread_mutex_unlock(&x->lock);
+    while (capture_in_progress(x))
+        nanosleep(&(struct timespec){.tv_nsec = 1000000}, NULL);
+    int rc = fs_res_move_end(x->res, &r.m, true);
+    pthread_mutex_lock(&x->lock);
+    x->released_head = (x->released_head + 1) % FS_EXEC_RELEASED_MAX;
+    x->released_len--;
+    x->completions++; /* a prefetch of this allocation held back may begin now */
+    job_done(x, &r.job, rc);
+    pthread_cond_signal(&x->wake);
+}
+
+/* FIN_PREFETCH: end the oldest prefetch, once FIN_MAP has tried to map it early (lock held;
+ * dropped around the wait for its copy and the remap). */
+static void end_prefetch(struct fs_executor *x, struct fs_exec_finisher *f)
+{
+    struct fs_exec_slot *slot = &x->slots[f->ring[f->head]];
+    if (!slot->map_tried) {
+        pthread_cond_wait(&f->wake, &x->lock); /* FIN_MAP is at it */
+        return;
+    }
+    pthread_mutex_unlock(&x->lock);
+    /* Nothing may synchronize or remap while the program captures a graph. */
+    while (capture_in_progress(x))
+        nanosleep(&(struct timespec){.tv_nsec = 1000000}, NULL);
+    int rc = fs_res_move_end(x->res, &slot->m, true);
+    pthread_mutex_lock(&x->lock);
+    free_head_slot(x, f, rc);
+}
+
+static bool has_work(const struct fs_executor *x, const struct fs_exec_finisher *f)
+{
+    return f->len > 0 || (f == &x->fin[FIN_EVICT] && x->released_len > 0);
 }
 
 /* A finisher ends the moves of one kind in the order they began (the order of their stream):
  * it waits for each copy and remaps, so the mover keeps starting copies meanwhile (it does no
- * remap itself: the driver serializes remaps, and the evictions' host mappings are slow), and
- * an eviction's slow remap to host memory is never queued before a prefetch's on our side. */
+ * remap itself: the driver serializes remaps, and the evictions' host mappings are slow). The
+ * eviction finisher gives memory back before it maps host memory: released evictions first,
+ * then one host mapping, then a wait for the next copy. */
 static void *finisher_main(void *arg)
 {
+    static const int lanes[FS_EXEC_FINISHERS] = {
+        [FIN_EVICT] = FS_RT_FIN_EVICT, [FIN_PREFETCH] = FS_RT_FIN_PREFETCH,
+        [FIN_MAP] = FS_RT_FIN_MAP};
     struct fs_exec_finisher *f = arg;
     struct fs_executor *x = f->x;
     fs_thread_internal = true;
+    fs_rt_set_lane(lanes[f - x->fin]);
     fs_dev_call(x->res->dev, bind_thread);
     pthread_mutex_lock(&x->lock);
     for (;;) {
-        while (f->len == 0 && !f->stop)
+        while (!has_work(x, f) && !f->stop)
             pthread_cond_wait(&f->wake, &x->lock);
-        if (f->len == 0)
+        if (!has_work(x, f))
             break;
         if (f == &x->fin[FIN_MAP]) {
             map_next(x, f);
-            continue;
+        } else if (f == &x->fin[FIN_PREFETCH]) {
+            end_prefetch(x, f);
+        } else {
+            release_evictions(x, f, false);
+            if (x->released_len > 0)
+                map_released(x);
+            else
+                release_evictions(x, f, true);
         }
-        if (f == &x->fin[FIN_EVICT])
-            release_done(x, f);
-        struct fs_exec_slot *slot = &x->slots[f->ring[f->head]];
-        if (f == &x->fin[FIN_PREFETCH] && !slot->map_tried) {
-            pthread_cond_wait(&f->wake, &x->lock); /* FIN_MAP is at it */
-            continue;
-        }
-        f->head = (f->head + 1) % FS_EXEC_MOVES_INFLIGHT;
-        f->len--;
-        pthread_mutex_unlock(&x->lock);
-        /* Nothing may synchronize or remap while the program captures a graph. */
-        while (capture_in_progress(x))
-            nanosleep(&(struct timespec){.tv_nsec = 1000000}, NULL);
-        int rc = fs_res_move_end(x->res, &slot->m, true);
-        pthread_mutex_lock(&x->lock);
-        slot->busy = false;
-        x->inflight--;
-        x->completions++;
-        job_done(x, &slot->job, rc);
-        pthread_cond_signal(&x->wake);
     }
     pthread_mutex_unlock(&x->lock);
     return NULL;
@@ -712,6 +780,10 @@ void fs_exec_launch_enter(struct fs_executor *x, struct fs_launch_ticket *t)
     if (cur < 0)
         goto out;
     t->pos = cur;
+    if (cur == 0 && fs_rt_on()) {
+        uint64_t now = fs_now_ns();
+        fs_rt_span(FS_RT_ITERATION, 0, 0, now, now);
+    }
     for (int k = x->pf_start[cur]; k < x->pf_start[cur + 1]; k++)
         queue_move(x, (uint64_t)x->pf_ids[k], false);
     /* A planned allocation still on its way: wait for the mover rather than fault it in here
@@ -733,7 +805,9 @@ void fs_exec_launch_enter(struct fs_executor *x, struct fs_launch_ticket *t)
         while (fs_exec_running(x) && a->id < (uint64_t)x->prof.nallocs &&
                x->pending[a->id] > 0 && !fs_res_on_device(a))
             pthread_cond_wait(&x->done, &x->lock);
-        x->stats.late_wait_ns += fs_now_ns() - t0;
+        uint64_t t1 = fs_now_ns();
+        x->stats.late_wait_ns += t1 - t0;
+        fs_rt_span(FS_RT_LATE_WAIT, a->id, a->mapped, t0, t1);
         if (!fs_exec_running(x))
             break;
     }

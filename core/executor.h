@@ -20,7 +20,9 @@
  * launch waits for the copy on its stream (residency.h, "arriving"). The thread usually runs
  * ahead of the device, so such a wait often holds the thread back while the device still has
  * work queued, rather than stalling the device. Three threads finish the moves (fin[]): one maps
- * begun prefetches early, one ends prefetches, one ends evictions. When the position is found,
+ * begun prefetches early, one ends prefetches, one ends evictions (it gives each one's device
+ * memory back and its slot free as soon as its copy is done, and maps host memory at its VA
+ * after, from the released queue). When the position is found,
  * the executor first queues what the plan wants at that point: allocations outside their window
  * go to host, resident ones come back.
  *
@@ -47,6 +49,8 @@ enum { FIN_EVICT, FIN_PREFETCH, FIN_MAP, FS_EXEC_FINISHERS };
 
 /* Moves the mover keeps in flight (each has its own event and fingerprint buffer). */
 #define FS_EXEC_MOVES_INFLIGHT 32
+/* Released evictions waiting for their host mapping, off the slots (more: releases wait). */
+#define FS_EXEC_RELEASED_MAX 256
 
 struct fs_exec_stats {
     uint64_t plans;            /* plans installed */
@@ -79,6 +83,12 @@ struct fs_exec_job {
 
 struct fs_executor;
 
+/* An eviction whose device memory is back in the pool, waiting for host memory at its VA. */
+struct fs_exec_released {
+    struct fs_exec_job job;
+    struct fs_res_move m; /* its event and fingerprint buffer are no longer used */
+};
+
 /* A thread that ends moves of one kind (evictions or prefetches) in the order they began. */
 struct fs_exec_finisher {
     struct fs_executor *x;
@@ -89,7 +99,7 @@ struct fs_exec_finisher {
     bool stop;
 };
 
-/* A move in flight on the mover. */
+/* A move in flight on the mover (an eviction: until its device memory is released). */
 struct fs_exec_slot {
     struct fs_exec_job job;
     struct fs_res_move m;
@@ -131,6 +141,10 @@ struct fs_executor {
     int inflight;            /* busy slots (mover thread only) */
     struct fs_exec_job held; /* a job taken off the queue that waits for moves in flight */
     bool has_held;
+    uint64_t held_ns;        /* when it was held (run trace) */
+    /* released evictions, oldest first; only FIN_EVICT takes from or adds to it */
+    struct fs_exec_released released[FS_EXEC_RELEASED_MAX];
+    int released_head, released_len;
     uint64_t completions;    /* moves ended or evictions' room freed so far; held_at: the count
                               * when HELD was held */
     uint64_t held_at;

@@ -5,6 +5,7 @@
 #include <string.h>
 
 #include "log.h"
+#include "run_trace.h"
 
 #define LOAD(p) __atomic_load_n((p), __ATOMIC_ACQUIRE)
 #define STORE(p, v) __atomic_store_n((p), (v), __ATOMIC_RELEASE)
@@ -95,6 +96,7 @@ static void *pinner_main(void *arg)
 {
     struct fs_residency *res = arg;
     fs_thread_internal = true;
+    fs_rt_set_lane(FS_RT_PINNER);
     fs_dev_call(res->dev, bind_thread);
     pthread_mutex_lock(&res->lock);
     while (!res->pinner_stop) {
@@ -200,9 +202,34 @@ fail_pools:
     return rc;
 }
 
+/* Map block B at A's VA (map + set access) / unmap A's VA, backed by LOC: the driver's remap
+ * time, counted by kind and drawn in the run trace. */
+static int map_at(struct fs_residency *res, const struct fs_alloc *a, const struct fs_block *b)
+{
+    uint64_t t0 = fs_now_ns();
+    int rc = fs_dev_call(res->dev, map, a->va, a->mapped, b->phys, 0);
+    uint64_t t1 = fs_now_ns();
+    __atomic_add_fetch(&res->stats.remaps[FS_REMAP_MAP][b->loc], 1, __ATOMIC_RELAXED);
+    __atomic_add_fetch(&res->stats.remap_ns[FS_REMAP_MAP][b->loc], t1 - t0, __ATOMIC_RELAXED);
+    fs_rt_span(b->loc == FS_LOC_HOST ? FS_RT_MAP_HOST : FS_RT_MAP_DEVICE, a->id, a->mapped, t0, t1);
+    return rc;
+}
+
+static int unmap_at(struct fs_residency *res, const struct fs_alloc *a, enum fs_mem_loc loc)
+{
+    uint64_t t0 = fs_now_ns();
+    int rc = fs_dev_call(res->dev, unmap, a->va, a->mapped);
+    uint64_t t1 = fs_now_ns();
+    __atomic_add_fetch(&res->stats.remaps[FS_REMAP_UNMAP][loc], 1, __ATOMIC_RELAXED);
+    __atomic_add_fetch(&res->stats.remap_ns[FS_REMAP_UNMAP][loc], t1 - t0, __ATOMIC_RELAXED);
+    fs_rt_span(loc == FS_LOC_HOST ? FS_RT_UNMAP_HOST : FS_RT_UNMAP_DEVICE, a->id, a->mapped, t0,
+               t1);
+    return rc;
+}
+
 static void alloc_release_memory(struct fs_residency *res, struct fs_alloc *a)
 {
-    int rc = fs_dev_call(res->dev, unmap, a->va, a->mapped);
+    int rc = unmap_at(res, a, a->dev ? FS_LOC_DEVICE : FS_LOC_HOST);
     if (rc != FS_OK)
         FS_WARN("unmapping a freed allocation failed (%s)", fs_err_str(rc));
     fs_phys_pool_put(&res->dev_pool, a->dev);
@@ -347,13 +374,13 @@ static bool quiet_now(struct fs_residency *res, struct fs_alloc *a)
 static int remap(struct fs_residency *res, struct fs_alloc *a, struct fs_block *from,
                  struct fs_block *to)
 {
-    int rc = fs_dev_call(res->dev, unmap, a->va, a->mapped);
+    int rc = unmap_at(res, a, from->loc);
     if (rc != FS_OK)
         return rc;
-    rc = fs_dev_call(res->dev, map, a->va, a->mapped, to->phys, 0);
+    rc = map_at(res, a, to);
     if (rc == FS_OK)
         return FS_OK;
-    if (fs_dev_call(res->dev, map, a->va, a->mapped, from->phys, 0) != FS_OK)
+    if (map_at(res, a, from) != FS_OK)
         FS_ERROR("allocation %llu (%llu bytes at 0x%llx) could not be mapped again after a failed "
                  "remap; a kernel touching it will fail",
                  (unsigned long long)a->id, (unsigned long long)a->size,
@@ -620,7 +647,7 @@ int fs_res_alloc(struct fs_residency *res, uint64_t size, fs_dptr *out)
     if (rc == FS_OK)
         rc = fs_phys_pool_get(&res->dev_pool, a->mapped, grow, &b);
     if (rc == FS_OK) {
-        rc = fs_dev_call(res->dev, map, a->va, a->mapped, b->phys, 0);
+        rc = map_at(res, a, b);
         if (rc == FS_OK) {
             a->dev = b;
             a->state = FS_RES_DEVICE;
@@ -632,7 +659,7 @@ int fs_res_alloc(struct fs_residency *res, uint64_t size, fs_dptr *out)
         /* Does not fit the budget (or the device): it starts on host and still works. */
         rc = fs_phys_pool_get(&res->host_pool, a->mapped, true, &b);
         if (rc == FS_OK) {
-            rc = fs_dev_call(res->dev, map, a->va, a->mapped, b->phys, 0);
+            rc = map_at(res, a, b);
             if (rc == FS_OK) {
                 attach_host(res, a, b);
                 a->state = FS_RES_HOST;
@@ -989,7 +1016,12 @@ int fs_res_move_map(struct fs_residency *res, struct fs_res_move *m)
 
 static int move_wait(struct fs_residency *res, struct fs_res_move *m, bool wait)
 {
-    return wait ? fs_dev_call(res->dev, event_sync, m->ev) : fs_dev_call(res->dev, event_query, m->ev);
+    if (!wait)
+        return fs_dev_call(res->dev, event_query, m->ev);
+    uint64_t t0 = fs_now_ns();
+    int rc = fs_dev_call(res->dev, event_sync, m->ev);
+    fs_rt_span(FS_RT_COPY_WAIT, m->a->id, m->a->mapped, t0, fs_now_ns());
+    return rc;
 }
 
 /* A move whose copy or remap failed (copy failure: the other side keeps the data): wait for the
@@ -1025,7 +1057,7 @@ static int evict_undo(struct fs_residency *res, struct fs_alloc *a, int why)
     int rc = fs_phys_pool_get(&res->dev_pool, a->mapped, true, &b);
     pthread_mutex_unlock(&res->lock);
     if (rc == FS_OK) {
-        rc = fs_dev_call(res->dev, map, a->va, a->mapped, b->phys, 0);
+        rc = map_at(res, a, b);
         if (rc != FS_OK) {
             pthread_mutex_lock(&res->lock);
             fs_phys_pool_put(&res->dev_pool, b);
@@ -1044,7 +1076,7 @@ static int evict_undo(struct fs_residency *res, struct fs_alloc *a, int why)
             return FS_OK;
         }
         /* Its copy may still run: the block is never reused; the VA must not show it. */
-        fs_dev_call(res->dev, unmap, a->va, a->mapped);
+        unmap_at(res, a, FS_LOC_DEVICE);
     }
     FS_ERROR("allocation %llu (%llu bytes at 0x%llx) could not be mapped again after a failed "
              "eviction (%s, then %s); a kernel touching it will fail",
@@ -1092,7 +1124,7 @@ int fs_res_move_release(struct fs_residency *res, struct fs_res_move *m, bool wa
         return rc;
     /* The copy is done and the range quiet since its last use: unmap without the lock. */
     if (rc == FS_OK)
-        rc = fs_dev_call(res->dev, unmap, a->va, a->mapped);
+        rc = unmap_at(res, a, FS_LOC_DEVICE);
     pthread_mutex_lock(&res->lock);
     if (rc != FS_OK) { /* still mapped on the device, the data there */
         quiesce_end(res);
@@ -1119,7 +1151,7 @@ int fs_res_move_release(struct fs_residency *res, struct fs_res_move *m, bool wa
 static int move_map_host(struct fs_residency *res, struct fs_res_move *m)
 {
     struct fs_alloc *a = m->a;
-    int rc = fs_dev_call(res->dev, map, a->va, a->mapped, a->host->phys, 0);
+    int rc = map_at(res, a, a->host);
     int undo = rc == FS_OK ? FS_OK : evict_undo(res, a, rc);
     pthread_mutex_lock(&res->lock);
     quiesce_end(res);

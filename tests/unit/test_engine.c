@@ -1,4 +1,6 @@
 /* The engine's entry points (what the hooks call) on the simulated device. */
+#include <jansson.h>
+
 #include "device_sim.h"
 #include "engine.h"
 #include "profile.h"
@@ -482,6 +484,101 @@ static void test_plan_runs_from_saved_profile(void **state)
     unlink(path);
 }
 
+/* The run trace's spans of KIND (named KIND then the allocation) in EVENTS, as [allocation,
+ * start, end] in microseconds, in file order, at most MAX; returns how many there are. */
+static int trace_spans(json_t *events, const char *kind, double (*out)[3], int max)
+{
+    int n = 0;
+    size_t i, len = strlen(kind);
+    json_t *e;
+    json_array_foreach(events, i, e) {
+        const char *name = json_string_value(json_object_get(e, "name"));
+        const char *ph = json_string_value(json_object_get(e, "ph"));
+        if (!name || !ph || strcmp(ph, "X") || strncmp(name, kind, len) || name[len] != ' ' ||
+            !(name[len + 1] >= '0' && name[len + 1] <= '9'))
+            continue;
+        if (n < max) {
+            double ts = json_number_value(json_object_get(e, "ts"));
+            out[n][0] = (double)json_integer_value(
+                json_object_get(json_object_get(e, "args"), "allocation"));
+            out[n][1] = ts;
+            out[n][2] = ts + json_number_value(json_object_get(e, "dur"));
+        }
+        n++;
+    }
+    return n;
+}
+
+/* FLEXTENSOR_TRACE_OUT: the run trace is written at exit and holds every remap the counters
+ * count, each move's life in its slot, and the iterations; an eviction's slot is given back at
+ * its release, before its host mapping (the mover may start another move in it meanwhile). An
+ * unwritable path is one warning that names the setting. */
+static void test_run_trace(void **state)
+{
+    (void)state;
+    char path[64], trace[96], env[128];
+    fresh_path(path, sizeof(path));
+    record_profile(path, "FLEXTENSOR_GPU_MEMORY_LIMIT=64MiB");
+    snprintf(trace, sizeof(trace), "%s.trace.json", path);
+    snprintf(env, sizeof(env), "FLEXTENSOR_TRACE_OUT=%s", trace);
+    uint64_t w[L], act;
+    struct fs_device *dev = start_from_profile(path, env, w, &act);
+    enum { ITERS = 12, MAX = 4096 };
+    assert_int_equal(run_program(dev, w, L, act, ITERS), 0);
+    struct fs_engine_stats st;
+    fs_engine_get_stats(&st);
+    fs_engine_shutdown();
+    stop(dev);
+
+    json_error_t err;
+    json_t *root = json_load_file(trace, 0, &err);
+    assert_non_null(root);
+    json_t *events = json_object_get(root, "traceEvents");
+    assert_true(json_is_array(events));
+    static double host_maps[MAX][3], evictions[MAX][3], spans[MAX][3];
+    int nhost = trace_spans(events, "map host", host_maps, MAX);
+    int nev = trace_spans(events, "eviction", evictions, MAX);
+    assert_true(nhost < MAX && nev < MAX);
+    /* Every remap is drawn (none was dropped), by kind. */
+    assert_int_equal(nhost, st.res.remaps[FS_REMAP_MAP][FS_LOC_HOST]);
+    assert_int_equal(trace_spans(events, "map device", spans, MAX),
+                     st.res.remaps[FS_REMAP_MAP][FS_LOC_DEVICE]);
+    assert_int_equal(trace_spans(events, "unmap device", spans, MAX),
+                     st.res.remaps[FS_REMAP_UNMAP][FS_LOC_DEVICE]);
+    assert_int_equal(trace_spans(events, "unmap host", spans, MAX),
+                     st.res.remaps[FS_REMAP_UNMAP][FS_LOC_HOST]);
+    assert_true(st.res.remaps[FS_REMAP_MAP][FS_LOC_HOST] >= ITERS / 2);
+    assert_int_equal(trace_spans(events, "prefetch", spans, MAX), st.exec.overlapped - nev);
+    assert_true(trace_spans(events, "begin prefetch", spans, MAX) >= ITERS);
+    size_t iterations = 0, i;
+    json_t *e;
+    json_array_foreach(events, i, e)
+        iterations += !strcmp(json_string_value(json_object_get(e, "name")), "iteration");
+    assert_true(iterations >= ITERS - 2);
+    /* Each eviction's slot ended before its allocation's next host mapping began. */
+    assert_true(nev >= ITERS / 2);
+    for (int k = 0; k < nev; k++) {
+        int next = -1;
+        for (int h = 0; h < nhost && next < 0; h++)
+            if (host_maps[h][0] == evictions[k][0] && host_maps[h][1] >= evictions[k][1])
+                next = h;
+        assert_true(next >= 0);
+        assert_true(evictions[k][2] <= host_maps[next][1]);
+    }
+    json_decref(root);
+    unlink(trace);
+
+    struct fs_test_capture cap;
+    dev = start_from_profile(path, "FLEXTENSOR_TRACE_OUT=/nonexistent-dir/t.json", w, &act);
+    assert_int_equal(run_program(dev, w, L, act, 2), 0);
+    fs_test_capture_start(&cap);
+    fs_engine_shutdown();
+    const char *log = fs_test_capture_end(&cap);
+    assert_non_null(strstr(log, "FLEXTENSOR_TRACE_OUT=/nonexistent-dir/t.json: cannot write"));
+    stop(dev);
+    unlink(path);
+}
+
 /* A launch the plan does not have (here one in the middle of every 4th iteration) keeps the
  * place: counted as extra, never a departure, and the plan still runs. */
 static void test_plan_tolerates_an_extra_launch(void **state)
@@ -589,6 +686,7 @@ int main(void)
         cmocka_unit_test(test_profile_recorded_and_planned),
         cmocka_unit_test(test_marked_iterations),
         cmocka_unit_test(test_plan_runs_from_saved_profile),
+        cmocka_unit_test(test_run_trace),
         cmocka_unit_test(test_plan_tolerates_an_extra_launch),
         cmocka_unit_test(test_plan_given_up_and_made_again),
         cmocka_unit_test(test_mismatched_or_corrupt_profile_rediscovers),
