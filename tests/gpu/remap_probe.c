@@ -6,7 +6,7 @@
  *
  * Cases: host memory as one physical allocation or as 2 MiB pieces (one set-access call over
  * all of them, or one per piece); read-only access; the recommended host granularity; range
- * sizes; the first mapping of a fresh host allocation against later ones; device memory; and
+ * sizes; location HOST instead of HOST_NUMA; the first mapping of a fresh host allocation against later ones; device memory; and
  * two threads at once (does the driver serialize remaps, and does a device remap wait behind a
  * host one?). Uses the driver through the core's symbol table, like the shim. */
 #include <pthread.h>
@@ -40,11 +40,14 @@ static int check(CUresult r, const char *what)
     return 0;
 }
 
+/* Host memory's location type: HOST_NUMA (node 0, what the shim uses) or HOST. */
+static CUmemLocationType host_type = CU_MEM_LOCATION_TYPE_HOST_NUMA;
+
 static void prop_for(CUmemAllocationProp *p, bool host)
 {
     memset(p, 0, sizeof(*p));
     p->type = CU_MEM_ALLOCATION_TYPE_PINNED;
-    p->location.type = host ? CU_MEM_LOCATION_TYPE_HOST_NUMA : CU_MEM_LOCATION_TYPE_DEVICE;
+    p->location.type = host ? host_type : CU_MEM_LOCATION_TYPE_DEVICE;
     p->location.id = host ? 0 : (int)dev;
 }
 
@@ -236,6 +239,9 @@ int main(int argc, char **argv)
              (grec > PIECE && size % grec == 0 &&
               run_case("host, recommended-granularity pieces", size, grec, true, false, rw)) ||
              run_case("device, one allocation", size, size, false, false, rw) ||
+             (host_type = CU_MEM_LOCATION_TYPE_HOST,
+              run_case("host (location HOST), one allocation", size, size, true, false, rw)) ||
+             (host_type = CU_MEM_LOCATION_TYPE_HOST_NUMA, 0) ||
              run_pair(ctx, size);
     fs_cuda.cuDevicePrimaryCtxRelease(dev);
     return rc ? 1 : 0;
