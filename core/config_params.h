@@ -27,6 +27,8 @@ FS_PARAM(GPU_MEMORY_LIMIT, FS_PT_SIZE_PCT, "100%", 64 * FS_MIB, 64 * FS_TIB, NUL
     "Device memory that managed allocations may hold: bytes (8GiB, 512MB) or percent of the device (60%).") \
 FS_PARAM(STRATEGY, FS_PT_ENUM, "adaptive", 0, 0, "adaptive|knapsack|greedy|global",                \
     "Planner that decides which allocations stay resident.")                                       \
+FS_PARAM(PLAN_HEADROOM, FS_PT_SIZE, "0", 0, 64 * FS_TIB, NULL,                                   \
+    "Part of GPU_MEMORY_LIMIT the plan leaves unused, as room for prefetches in flight (the planner's model counts no delay between an eviction and the prefetch waiting for its room).") \
 FS_PARAM(PROFILE, FS_PT_PATH,   "", 0, 0, NULL,                                                    \
     "Profile to start from (skips discovery and profiling when it matches the program).")          \
 FS_PARAM(PROFILE_OUT, FS_PT_PATH,   "", 0, 0, NULL,                                                \

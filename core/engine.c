@@ -56,7 +56,8 @@ static void apply_log_settings(const struct fs_config *cfg)
 static void warn_inactive_settings(const struct fs_config *cfg)
 {
     static const enum fs_param_id with_profile[] = {FS_P_STRATEGY, FS_P_DISCOVERY_ITERS,
-                                                    FS_P_PROFILING_ITERS, FS_P_ITERATION_KERNEL};
+                                                    FS_P_PROFILING_ITERS, FS_P_ITERATION_KERNEL,
+                                                    FS_P_PLAN_HEADROOM};
     if (cfg->v[FS_P_TIMING_REPORT].src != FS_SRC_DEFAULT)
         FS_WARN("%s is set but has no effect in this version: the timing report is not "
                 "implemented yet; the exit summary (FLEXTENSOR_LOG_LEVEL=info) has the counts",
@@ -234,8 +235,23 @@ static void prepin_offloaded(const struct fs_profile *p)
     free(sizes);
 }
 
-static int start_planning(const struct fs_config *cfg, uint64_t budget)
+/* The budget plans are made for: GPU_MEMORY_LIMIT less PLAN_HEADROOM (the limit itself when the
+ * headroom is not less, said once). */
+static uint64_t plan_budget(const struct fs_config *cfg, uint64_t budget)
 {
+    uint64_t room = fs_config_u64(cfg, FS_P_PLAN_HEADROOM);
+    if (room < budget)
+        return budget - room;
+    FS_WARN("%s (%llu MiB) is not less than the budget (%llu MiB); it is ignored (lower it or "
+            "raise %s)", fs_param_defs[FS_P_PLAN_HEADROOM].env_name,
+            (unsigned long long)(room >> 20), (unsigned long long)(budget >> 20),
+            fs_param_defs[FS_P_GPU_MEMORY_LIMIT].env_name);
+    return budget;
+}
+
+static int start_planning(const struct fs_config *cfg, uint64_t limit)
+{
+    uint64_t budget = plan_budget(cfg, limit);
     const char *in = fs_config_str(cfg, FS_P_PROFILE), *out = fs_config_str(cfg, FS_P_PROFILE_OUT);
     if (!in[0] && !out[0])
         return FS_OK;

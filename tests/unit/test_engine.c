@@ -434,19 +434,28 @@ static void record_profile(const char *path, const char *budget_env)
 }
 
 /* A fresh engine on a new simulated device, started from the saved profile PATH (64 MiB,
- * tracked remaps, and EXTRA if given), with the program's allocations made. */
-static struct fs_device *start_from_profile(const char *path, char *extra, uint64_t *w,
-                                            uint64_t *act)
+ * tracked remaps, and EXTRA if given; with LOG, the log at level info into that file), with the
+ * program's allocations made. */
+static struct fs_device *start_logged(const char *path, char *extra, const char *log, uint64_t *w,
+                                      uint64_t *act)
 {
-    static char in_env[128];
+    static char in_env[128], level_env[64], log_env[128];
     struct fs_device *dev = open_sim();
     register_kernels(dev);
     snprintf(in_env, sizeof(in_env), "FLEXTENSOR_PROFILE=%s", path);
+    snprintf(level_env, sizeof(level_env), "FLEXTENSOR_LOG_LEVEL=%s", log ? "info" : "warn");
+    snprintf(log_env, sizeof(log_env), "FLEXTENSOR_LOG_FILE=%s", log ? log : "");
     char *envp[] = {"FLEXTENSOR_CONFIG=", "FLEXTENSOR_GPU_MEMORY_LIMIT=64MiB", MIN_OFFLOAD,
-                    "FLEXTENSOR_REMAP_SAFETY=tracked", in_env, extra, NULL};
+                    "FLEXTENSOR_REMAP_SAFETY=tracked", in_env, level_env, log_env, extra, NULL};
     start(dev, envp);
     alloc_program(dev, w, L, act, 2 * MIB);
     return dev;
+}
+
+static struct fs_device *start_from_profile(const char *path, char *extra, uint64_t *w,
+                                            uint64_t *act)
+{
+    return start_logged(path, extra, NULL, w, act);
 }
 
 /* A saved profile: the next run skips discovery and profiling and runs the plan from its first
@@ -579,6 +588,36 @@ static void test_run_trace(void **state)
     unlink(path);
 }
 
+/* PLAN_HEADROOM: the plan is made for the limit less the headroom (and the run stays exact and
+ * within the limit); a headroom not less than the limit is ignored with one warning naming it. */
+static void test_plan_headroom(void **state)
+{
+    (void)state;
+    char path[64], log_path[64], log[16384];
+    fresh_path(path, sizeof(path));
+    fresh_path(log_path, sizeof(log_path));
+    record_profile(path, "FLEXTENSOR_GPU_MEMORY_LIMIT=64MiB");
+    uint64_t w[L], act;
+    struct fs_device *dev = start_logged(path, "FLEXTENSOR_PLAN_HEADROOM=4MiB", log_path, w, &act);
+    assert_int_equal(run_program(dev, w, L, act, 8), 0);
+    struct fs_engine_stats st;
+    fs_engine_get_stats(&st);
+    stop(dev);
+    fs_test_read_file(log_path, log, sizeof(log));
+    assert_non_null(strstr(log, " at 60 MiB, predicted"));
+    assert_true(st.exec.plans == 1 && st.exec.prefetches > 0);
+    assert_true(st.res.device_bytes_peak <= 64 * MIB);
+
+    dev = start_logged(path, "FLEXTENSOR_PLAN_HEADROOM=64MiB", log_path, w, &act);
+    stop(dev);
+    fs_test_read_file(log_path, log, sizeof(log));
+    assert_non_null(strstr(log, "FLEXTENSOR_PLAN_HEADROOM (64 MiB) is not less than the budget "
+                                "(64 MiB); it is ignored"));
+    assert_non_null(strstr(log, " at 64 MiB, predicted"));
+    unlink(log_path);
+    unlink(path);
+}
+
 /* A launch the plan does not have (here one in the middle of every 4th iteration) keeps the
  * place: counted as extra, never a departure, and the plan still runs. */
 static void test_plan_tolerates_an_extra_launch(void **state)
@@ -687,6 +726,7 @@ int main(void)
         cmocka_unit_test(test_marked_iterations),
         cmocka_unit_test(test_plan_runs_from_saved_profile),
         cmocka_unit_test(test_run_trace),
+        cmocka_unit_test(test_plan_headroom),
         cmocka_unit_test(test_plan_tolerates_an_extra_launch),
         cmocka_unit_test(test_plan_given_up_and_made_again),
         cmocka_unit_test(test_mismatched_or_corrupt_profile_rediscovers),

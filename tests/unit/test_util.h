@@ -53,4 +53,15 @@ static inline void fs_test_write_file(char *path, size_t len, const char *text)
     close(fd);
 }
 
+/* Reads up to LEN - 1 bytes of PATH into BUF (a string) and empties the file. */
+static inline void fs_test_read_file(const char *path, char *buf, size_t len)
+{
+    FILE *f = fopen(path, "r");
+    assert_non_null(f);
+    size_t n = fread(buf, 1, len - 1, f);
+    buf[n] = '\0';
+    fclose(f);
+    assert_int_equal(truncate(path, 0), 0);
+}
+
 #endif
