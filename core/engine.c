@@ -57,7 +57,7 @@ static void warn_inactive_settings(const struct fs_config *cfg)
 {
     static const enum fs_param_id with_profile[] = {FS_P_STRATEGY, FS_P_DISCOVERY_ITERS,
                                                     FS_P_PROFILING_ITERS, FS_P_ITERATION_KERNEL,
-                                                    FS_P_PLAN_HEADROOM};
+                                                    FS_P_PLAN_HEADROOM, FS_P_OFFLOAD_MODE};
     if (cfg->v[FS_P_TIMING_REPORT].src != FS_SRC_DEFAULT)
         FS_WARN("%s is set but has no effect in this version: the timing report is not "
                 "implemented yet; the exit summary (FLEXTENSOR_LOG_LEVEL=info) has the counts",
@@ -258,6 +258,7 @@ static int start_planning(const struct fs_config *cfg, uint64_t limit)
     int rc = fs_exec_init(&eng.exec, &eng.res);
     if (rc != FS_OK)
         return rc;
+    fs_exec_set_host_read(&eng.exec, fs_config_u64(cfg, FS_P_OFFLOAD_MODE) == 1);
     struct fs_profile p = {0};
     bool loaded = in[0] && load_profile(cfg, in, budget, &p);
     char strategy[32];

@@ -551,6 +551,8 @@ int fs_exec_install(struct fs_executor *x, struct fs_profile *p)
     if (sp->nlaunches <= 0 || !sp->plan.entries || sp->plan.nallocs != sp->nallocs ||
         fs_plan_evaluate(sp, &sp->plan) != FS_OK)
         rc = FS_ERR_INVALID;
+    if (rc == FS_OK && __atomic_load_n(&x->host_read, __ATOMIC_ACQUIRE))
+        rc = fs_plan_host_read(sp, &sp->plan);
     if (rc == FS_OK)
         rc = build_actions(sp, false, &staged.pf_start, &staged.pf_ids);
     if (rc == FS_OK)
@@ -570,11 +572,13 @@ int fs_exec_install(struct fs_executor *x, struct fs_profile *p)
         return rc;
     }
     /* What the plan keeps resident is evicted last when room is made on demand (without
-     * memory for the list, LRU alone decides). */
-    uint8_t *keep = malloc((size_t)sp->nallocs + 1);
-    for (int a = 0; keep && a < sp->nallocs; a++)
-        keep[a] = sp->plan.entries[a].resident;
-    fs_res_set_plan_keep(x->res, keep, sp->nallocs);
+     * memory for the list, LRU alone decides); in host-read mode the rest is read in place. */
+    uint8_t *role = malloc((size_t)sp->nallocs + 1);
+    for (int a = 0; role && a < sp->nallocs; a++)
+        role[a] = sp->plan.entries[a].resident ? FS_PLAN_KEPT
+                  : x->host_read                ? FS_PLAN_HOST
+                                                : FS_PLAN_MOVED;
+    fs_res_set_plan_roles(x->res, role, sp->nallocs);
     pthread_mutex_lock(&x->lock);
     free_plan(x);
     x->prof = staged.prof;
@@ -616,12 +620,17 @@ static void stop_locked(struct fs_executor *x)
     pthread_cond_broadcast(&x->done); /* nobody waits for a dropped prefetch */
 }
 
+void fs_exec_set_host_read(struct fs_executor *x, bool on)
+{
+    __atomic_store_n(&x->host_read, on, __ATOMIC_RELEASE);
+}
+
 void fs_exec_stop(struct fs_executor *x)
 {
     pthread_mutex_lock(&x->lock);
     stop_locked(x);
     pthread_mutex_unlock(&x->lock);
-    fs_res_set_plan_keep(x->res, NULL, 0);
+    fs_res_set_plan_roles(x->res, NULL, 0);
 }
 
 int fs_exec_note_alloc(struct fs_executor *x, uint64_t id, uint64_t size, const char **why)
@@ -796,7 +805,8 @@ void fs_exec_launch_enter(struct fs_executor *x, struct fs_launch_ticket *t)
         bool planned = a->id < (uint64_t)x->prof.nallocs &&
                        present_at(&x->prof.plan.entries[a->id], cur);
         if (!planned) {
-            x->stats.unplanned++;
+            if (!x->host_read) /* else the plan has it read in place (residency counts it) */
+                x->stats.unplanned++;
             continue;
         }
         x->stats.late++;

@@ -153,6 +153,7 @@ struct fs_executor {
      * for an older one is mapped at once) */
     struct fs_exec_finisher fin[FS_EXEC_FINISHERS];
     uint64_t q_gen;          /* changes whenever the queue is emptied or replaced */
+    bool host_read;          /* OFFLOAD_MODE=host_read (fs_exec_set_host_read) */
     struct fs_exec_stats stats;
 };
 
@@ -166,6 +167,11 @@ void fs_exec_shutdown(struct fs_executor *x);
 /* Run P's plan from now on; the executor takes P (on success and failure: P is emptied).
  * FS_ERR_INVALID when P has no valid plan for its allocations. */
 int fs_exec_install(struct fs_executor *x, struct fs_profile *p);
+
+/* OFFLOAD_MODE=host_read for the plans installed from now on: fs_plan_host_read turns each plan
+ * into one that keeps what fits resident and leaves the rest in host memory, read in place by
+ * its kernels (never prefetched nor faulted in). */
+void fs_exec_set_host_read(struct fs_executor *x, bool on);
 
 /* Stop following the plan (moves already queued are dropped); the program runs reactively. */
 void fs_exec_stop(struct fs_executor *x);

@@ -255,7 +255,7 @@ void fs_res_destroy(struct fs_residency *res)
         pthread_join(res->pinner, NULL);
     }
     free(res->prepin);
-    free(res->plan_keep);
+    free(res->plan_role);
     fs_dev_call(res->dev, ctx_sync);
     for (int i = 0; i < res->nallocs; i++) {
         alloc_release_memory(res, res->allocs[i]);
@@ -487,9 +487,9 @@ static bool in_list(const struct fs_alloc *a, struct fs_alloc *const *list, int 
     return false;
 }
 
-static bool plan_keeps(const struct fs_residency *res, const struct fs_alloc *a)
+static int plan_role(const struct fs_residency *res, const struct fs_alloc *a)
 {
-    return a->id < (uint64_t)res->nplan_keep && res->plan_keep[a->id];
+    return a->id < (uint64_t)res->nplan_role ? res->plan_role[a->id] : FS_PLAN_MOVED;
 }
 
 /* The least recently used allocation on the device, not in KEEP, one the plan does not keep
@@ -504,7 +504,7 @@ static struct fs_alloc *pick_victim(struct fs_residency *res, struct fs_alloc *c
         if (LOAD(&a->state) != FS_RES_DEVICE || LOAD(&a->inflight) != 0 ||
             in_list(a, keep, nkeep))
             continue;
-        bool kept = plan_keeps(res, a);
+        bool kept = plan_role(res, a) == FS_PLAN_KEPT;
         if (!best || (best_kept && !kept) ||
             (kept == best_kept && LOAD(&a->lru_tick) < LOAD(&best->lru_tick))) {
             best = a;
@@ -514,12 +514,12 @@ static struct fs_alloc *pick_victim(struct fs_residency *res, struct fs_alloc *c
     return best;
 }
 
-void fs_res_set_plan_keep(struct fs_residency *res, uint8_t *keep, int n)
+void fs_res_set_plan_roles(struct fs_residency *res, uint8_t *role, int n)
 {
     pthread_mutex_lock(&res->lock);
-    free(res->plan_keep);
-    res->plan_keep = keep;
-    res->nplan_keep = keep ? n : 0;
+    free(res->plan_role);
+    res->plan_role = role;
+    res->nplan_role = role ? n : 0;
     pthread_mutex_unlock(&res->lock);
 }
 
@@ -802,7 +802,7 @@ uint64_t fs_res_launch_begin(struct fs_residency *res, struct fs_alloc *const *a
             i = -1;
             continue;
         }
-        if (LOAD(&a->state) == FS_RES_HOST && !capturing &&
+        if (LOAD(&a->state) == FS_RES_HOST && !capturing && plan_role(res, a) != FS_PLAN_HOST &&
             fault_in_locked(res, a, allocs, n) == FS_OK) {
             STAT(res, faults, 1);
             STAT(res, faulted_bytes, a->mapped);

@@ -118,8 +118,8 @@ struct fs_residency {
     int pressure;           /* record last-use events (atomic); set at the first eviction */
     uint64_t *fp_parts;     /* fingerprint results (device-writable host memory); NULL: off */
     int evictions_inflight; /* asynchronous evictions begun, not ended (lock) */
-    uint8_t *plan_keep;     /* by allocation id: the plan keeps it resident, evict it last (lock) */
-    int nplan_keep;
+    uint8_t *plan_role;     /* by allocation id: enum fs_plan_role (lock) */
+    int nplan_role;
     pthread_mutex_t ev_lock; /* guards free_events only */
     struct fs_shared_event *free_events;
     struct fs_res_stats stats;
@@ -172,11 +172,16 @@ static inline bool fs_res_on_device(const struct fs_alloc *a)
 int fs_res_prefetch_id(struct fs_residency *res, uint64_t id);
 int fs_res_evict_id(struct fs_residency *res, uint64_t id);
 
-/* The allocations (by id, KEEP[id] nonzero for ids below N) a plan keeps resident: when room
- * must be made on demand, others are evicted first, since the plan never brings a kept one back
- * and each of its next uses would fault it in and evict another. Takes KEEP (malloc'd; freed
- * with the next call or fs_res_destroy); NULL forgets them. */
-void fs_res_set_plan_keep(struct fs_residency *res, uint8_t *keep, int n);
+/* What a plan does with each allocation (by id, ROLE[id] for ids below N):
+ *   FS_PLAN_MOVED   prefetched and evicted by the plan (or not in it);
+ *   FS_PLAN_KEPT    kept resident: when room must be made on demand, others are evicted first,
+ *                   since the plan never brings a kept one back and each of its next uses would
+ *                   fault it in and evict another;
+ *   FS_PLAN_HOST    served from host memory (OFFLOAD_MODE=host_read): a launch that references
+ *                   it while it is on host reads it there over the link, never faults it in.
+ * Takes ROLE (malloc'd; freed with the next call or fs_res_destroy); NULL forgets them. */
+enum fs_plan_role { FS_PLAN_MOVED, FS_PLAN_KEPT, FS_PLAN_HOST };
+void fs_res_set_plan_roles(struct fs_residency *res, uint8_t *role, int n);
 
 /* Pin host blocks of these SIZES (granularity multiples) into the pool in the background, ahead
  * of need: a plan loaded at start-up knows which allocations it will evict, so the evictions

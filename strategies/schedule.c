@@ -319,3 +319,58 @@ uint64_t fs_plan_offloaded_bytes(const struct fs_profile *p, const struct fs_pla
             b += p->allocs[a].mapped;
     return b;
 }
+
+struct by_density {
+    int id;
+    double refs_per_byte;
+};
+
+static int cmp_density(const void *a, const void *b)
+{
+    const struct by_density *x = a, *y = b;
+    if (x->refs_per_byte != y->refs_per_byte)
+        return x->refs_per_byte > y->refs_per_byte ? -1 : 1;
+    return x->id - y->id;
+}
+
+int fs_plan_host_read(const struct fs_profile *p, struct fs_plan *plan)
+{
+    if (!p || !plan || !plan->entries || plan->nallocs != p->nallocs)
+        return FS_ERR_INVALID;
+    int n = p->nallocs, ncand = 0;
+    int *uses = calloc((size_t)n + 1, sizeof(*uses));
+    struct by_density *cand = malloc(((size_t)n + 1) * sizeof(*cand));
+    if (!uses || !cand) {
+        free(uses);
+        free(cand);
+        return FS_ERR_NOMEM;
+    }
+    for (int l = 0; l < p->nlaunches; l++)
+        for (int r = 0; r < p->launches[l].nrefs; r++)
+            uses[p->refs[p->launches[l].ref_start + r]]++;
+    uint64_t held = 0;
+    for (int a = 0; a < n; a++) {
+        if (plan->entries[a].resident)
+            held += p->allocs[a].mapped;
+        else if (uses[a] > 0)
+            cand[ncand++] = (struct by_density){a, (double)uses[a] / (double)p->allocs[a].mapped};
+    }
+    qsort(cand, (size_t)ncand, sizeof(*cand), cmp_density);
+    for (int k = 0; k < ncand; k++) {
+        uint64_t size = p->allocs[cand[k].id].mapped;
+        if (held + size <= plan->budget) {
+            plan->entries[cand[k].id].resident = true;
+            held += size;
+        }
+    }
+    for (int a = 0; a < n; a++) {
+        if (plan->entries[a].resident)
+            plan->entries[a].prefetch_at = plan->entries[a].evict_after = -1;
+        else
+            plan->entries[a] = (struct fs_plan_entry){false, -1, -1};
+    }
+    free(uses);
+    free(cand);
+    plan->peak_bytes = held;
+    return FS_OK;
+}

@@ -53,6 +53,14 @@ uint64_t fs_schedule_need(const struct fs_profile *p, const bool *resident);
 int fs_schedule(const struct fs_profile *p, uint64_t budget, const bool *resident, int lookahead,
                 struct fs_plan_entry *entries, uint64_t *need);
 
+/* PLAN for host reading (OFFLOAD_MODE=host_read): what it keeps resident stays so; then, while
+ * the budget allows, the offloaded allocations with the most referencing launches per byte
+ * become resident too (no room is needed for prefetches); every other one gets no window
+ * ({false, -1, -1}): it stays in host memory and its kernels read it over the link. The timeline
+ * model has no such entries (fs_plan_evaluate refuses them): the prediction is left as it was and
+ * peak_bytes is the resident bytes. FS_ERR_NOMEM, FS_ERR_INVALID. */
+int fs_plan_host_read(const struct fs_profile *p, struct fs_plan *plan);
+
 /* Convenience for strategies: schedule RESIDENT into PLAN (already begun) with LOOKAHEAD and
  * evaluate it. FS_OK, FS_ERR_NOMEM (infeasible), FS_ERR_INVALID. */
 int fs_schedule_plan(const struct fs_profile *p, const bool *resident, int lookahead,

@@ -618,6 +618,37 @@ static void test_plan_headroom(void **state)
     unlink(path);
 }
 
+/* OFFLOAD_MODE=host_read: the plan keeps what fits resident and the rest stays in host memory,
+ * read in place by its kernels: after the first placement nothing is prefetched or faulted in,
+ * the data stays exact and the device holds no more than the budget. */
+static void test_host_read_mode(void **state)
+{
+    (void)state;
+    char path[64];
+    fresh_path(path, sizeof(path));
+    record_profile(path, "FLEXTENSOR_GPU_MEMORY_LIMIT=64MiB");
+    uint64_t w[L], act;
+    struct fs_device *dev = start_from_profile(path, "FLEXTENSOR_OFFLOAD_MODE=host_read", w, &act);
+    enum { ITERS = 12 };
+    assert_int_equal(run_program(dev, w, L, act, ITERS), 0);
+    struct fs_engine_stats st;
+    fs_engine_get_stats(&st);
+    assert_int_equal(st.exec.plans, 1);
+    assert_int_equal(st.exec.departures, 0);
+    /* Only the first placement (what the plan keeps resident comes back once), no per-iteration
+     * prefetches. */
+    assert_true(st.exec.prefetches <= L + 1);
+    assert_true(st.res.prefetches <= L + 1);
+    assert_int_equal(st.exec.unplanned, 0);
+    /* 68 MiB under 64: at least one weight is read from host in every iteration after the
+     * first, and none is faulted in once the plan runs. */
+    assert_true(st.res.host_served >= ITERS - 2);
+    assert_true(st.res.faults <= 2);
+    assert_true(st.res.device_bytes_peak <= 64 * MIB);
+    stop(dev);
+    unlink(path);
+}
+
 /* A launch the plan does not have (here one in the middle of every 4th iteration) keeps the
  * place: counted as extra, never a departure, and the plan still runs. */
 static void test_plan_tolerates_an_extra_launch(void **state)
@@ -727,6 +758,7 @@ int main(void)
         cmocka_unit_test(test_plan_runs_from_saved_profile),
         cmocka_unit_test(test_run_trace),
         cmocka_unit_test(test_plan_headroom),
+        cmocka_unit_test(test_host_read_mode),
         cmocka_unit_test(test_plan_tolerates_an_extra_launch),
         cmocka_unit_test(test_plan_given_up_and_made_again),
         cmocka_unit_test(test_mismatched_or_corrupt_profile_rediscovers),

@@ -127,7 +127,7 @@ static void alloc_filled(struct env *e, fs_dptr *v, int n, uint64_t size)
     }
 }
 
-/* A plan's kept list for fs_res_set_plan_keep, which takes a malloc'd one. */
+/* A plan's roles (1: kept) for fs_res_set_plan_roles, which takes a malloc'd list. */
 static uint8_t *kept(const uint8_t *ids, int n)
 {
     uint8_t *k = malloc((size_t)n);
@@ -537,9 +537,9 @@ static void test_prepin_fills_the_host_pool_ahead(void **state)
     uint64_t sizes[2] = {32 * MIB, 32 * MIB};
     /* A plan's kept set outlives the pre-pinning (it once freed the set: a double free below). */
     static const uint8_t keep[2] = {1, 0};
-    fs_res_set_plan_keep(&e.res, kept(keep, 2), 2);
+    fs_res_set_plan_roles(&e.res, kept(keep, 2), 2);
     fs_res_prepin(&e.res, sizes, 2);
-    fs_res_set_plan_keep(&e.res, kept(keep, 2), 2);
+    fs_res_set_plan_roles(&e.res, kept(keep, 2), 2);
     struct fs_res_stats st;
     for (int i = 0; i < 2000; i++) { /* at most 2 s */
         fs_res_get_stats(&e.res, &st);
@@ -764,7 +764,7 @@ static void plan_keep_case(bool with_plan)
     launch(&e, &v[1], &sz, 1, 1000, add_one, &k);
     static const uint8_t keep[4] = {1, 0, 1, 0}; /* ids 0 (A) and 2 (C) kept */
     if (with_plan)
-        fs_res_set_plan_keep(&e.res, kept(keep, 4), 4);
+        fs_res_set_plan_roles(&e.res, kept(keep, 4), 4);
     assert_int_equal(fs_res_alloc(&e.res, sz, &v[2]), FS_OK); /* C: room for it */
     fill(&e, v[2], sz, 2);
     assert_int_equal(where(&e, v[0]), with_plan ? FS_LOC_DEVICE : FS_LOC_HOST);
@@ -779,7 +779,7 @@ static void plan_keep_case(bool with_plan)
     check(&e, v[0], sz, 0, 1);
     check(&e, v[1], sz, 1, 1);
     check(&e, v[2], sz, 2, 0);
-    fs_res_set_plan_keep(&e.res, NULL, 0);
+    fs_res_set_plan_roles(&e.res, NULL, 0);
     env_close(&e);
 }
 
@@ -788,6 +788,41 @@ static void test_plan_kept_allocations_are_evicted_last(void **state)
     (void)state;
     plan_keep_case(true);
     plan_keep_case(false);
+}
+
+/* An allocation the plan serves from host (OFFLOAD_MODE=host_read) is not faulted in by a launch
+ * that references it while it is on host: the kernel reads and writes it there (counted as
+ * host-served), nothing else is evicted for it, and the data stays exact. */
+static void test_plan_host_role_is_read_in_place(void **state)
+{
+    (void)state;
+    struct env e;
+    env_open(&e, 32 * MIB, false);
+    fs_dptr v[3];
+    uint64_t sz = 16 * MIB;
+    struct kctx k = {.words = (uint32_t)(sz / 4)};
+    alloc_filled(&e, v, 3, sz); /* the third pushed the first (the least recently used) out */
+    assert_int_equal(where(&e, v[0]), FS_LOC_HOST);
+    static const uint8_t roles[3] = {FS_PLAN_HOST, FS_PLAN_MOVED, FS_PLAN_MOVED};
+    fs_res_set_plan_roles(&e.res, kept(roles, 3), 3);
+    struct fs_res_stats before, after;
+    fs_res_get_stats(&e.res, &before);
+    launch(&e, &v[0], &sz, 1, 1000, add_one, &k);
+    assert_int_equal(e.dev->ops->ctx_sync(e.dev), FS_OK);
+    fs_res_get_stats(&e.res, &after);
+    assert_int_equal(where(&e, v[0]), FS_LOC_HOST);
+    assert_int_equal(where(&e, v[1]), FS_LOC_DEVICE);
+    assert_int_equal(where(&e, v[2]), FS_LOC_DEVICE);
+    assert_int_equal(after.faults, before.faults);
+    assert_int_equal(after.host_served, before.host_served + 1);
+    check(&e, v[0], sz, 0, 1);
+    /* Without the role the same launch faults it in. */
+    fs_res_set_plan_roles(&e.res, NULL, 0);
+    launch(&e, &v[0], &sz, 1, 1000, add_one, &k);
+    assert_int_equal(e.dev->ops->ctx_sync(e.dev), FS_OK);
+    assert_int_equal(where(&e, v[0]), FS_LOC_DEVICE);
+    check(&e, v[0], sz, 0, 2);
+    env_close(&e);
 }
 
 /* Write-back is skipped only for data proven unchanged: evicting data that nothing touched since
@@ -996,6 +1031,7 @@ int main(void)
         cmocka_unit_test(test_prefetch_maps_early_and_launch_waits_on_its_stream),
         cmocka_unit_test(test_eviction_host_map_failure_keeps_data),
         cmocka_unit_test(test_plan_kept_allocations_are_evicted_last),
+        cmocka_unit_test(test_plan_host_role_is_read_in_place),
         cmocka_unit_test(test_clean_eviction_skips_write_back),
         cmocka_unit_test(test_write_back_always_without_fingerprints),
         cmocka_unit_test(test_stress_strict),
