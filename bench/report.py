@@ -415,6 +415,10 @@ def add_system_notes(row, d):
         row["notes"].extend(bits)
     if d.get("system") == "flexshim" and d.get("mode") not in (None, "from-profile"):
         row["notes"].append(d["mode"])
+    env = d.get("shim_env") if isinstance(d.get("shim_env"), dict) else {}
+    for key in ("FLEXTENSOR_OFFLOAD_MODE", "FLEXTENSOR_PLAN_HEADROOM"):
+        if d.get("system") == "flexshim" and env.get(key):
+            row["notes"].insert(0, f"{key[len('FLEXTENSOR_'):]}={env[key]}")
     if d.get("system") == "flexshim" and d.get("shim_loaded") is False and not d.get("fake"):
         row["notes"].append("SHIM NOT LOADED")
 
