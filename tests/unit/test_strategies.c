@@ -754,6 +754,58 @@ static void test_random_budget_respected(void **state)
     assert_true(planned > 400);
 }
 
+/* fs_plan_host_read on random profiles: what the plan kept stays resident, the resident bytes
+ * stay within the budget, every other used allocation has no window, and an offloaded one that
+ * fits the budget left over is made resident (no room is needed for prefetches). */
+static void test_plan_host_read(void **state)
+{
+    (void)state;
+    int grew = 0, checked = 0;
+    rng = 7;
+    for (int inst = 0; inst < 200; inst++) {
+        struct builder b;
+        random_profile(&b, 24);
+        uint64_t budget = random_budget(&b.p);
+        struct fs_plan plan;
+        if (fs_strategy_adaptive.plan(&b.p, budget, &plan) != FS_OK) {
+            fs_profile_free(&b.p);
+            continue;
+        }
+        bool *was = calloc((size_t)b.p.nallocs + 1, sizeof(bool));
+        assert_non_null(was);
+        int before = 0, after = 0;
+        for (int a = 0; a < b.p.nallocs; a++)
+            before += was[a] = plan.entries[a].resident;
+        assert_int_equal(fs_plan_host_read(&b.p, &plan), FS_OK);
+        uint64_t held = 0, smallest_out = UINT64_MAX;
+        for (int a = 0; a < b.p.nallocs; a++) {
+            const struct fs_plan_entry *e = &plan.entries[a];
+            assert_true(!was[a] || e->resident);
+            if (e->resident) {
+                held += b.p.allocs[a].mapped;
+                after++;
+            } else {
+                assert_int_equal(e->prefetch_at, -1);
+                assert_int_equal(e->evict_after, -1);
+                if (b.p.allocs[a].first_use >= 0 && b.p.allocs[a].mapped < smallest_out)
+                    smallest_out = b.p.allocs[a].mapped;
+            }
+        }
+        assert_true(held <= budget);
+        assert_int_equal(plan.peak_bytes, held);
+        /* Greedy by density: whatever is left out did not fit what was left. */
+        assert_true(smallest_out == UINT64_MAX || held + smallest_out > budget ||
+                    smallest_out == 0);
+        grew += after > before;
+        checked++;
+        free(was);
+        fs_plan_free(&plan);
+        fs_profile_free(&b.p);
+    }
+    assert_true(checked > 100);
+    assert_true(grew > 10);
+}
+
 /* Global never predicts worse than greedy or knapsack; adaptive is the least of the three and
  * names it. */
 static void test_random_global_and_adaptive(void **state)
@@ -1058,6 +1110,7 @@ int main(void)
         cmocka_unit_test(test_infeasible_budget),
         cmocka_unit_test(test_unused_allocations_offloaded),
         cmocka_unit_test(test_random_budget_respected),
+        cmocka_unit_test(test_plan_host_read),
         cmocka_unit_test(test_random_global_and_adaptive),
         cmocka_unit_test(test_global_deterministic),
         cmocka_unit_test(test_knapsack_dp_matches_brute_force),
