@@ -85,23 +85,7 @@ static int try_lookaheads(struct search *s)
     return FS_OK;
 }
 
-struct ranked {
-    double key;
-    int alloc;
-};
-
-/* Key descending, then allocation ascending. */
-static int ranked_desc(const void *x, const void *y)
-{
-    const struct ranked *a = x, *b = y;
-    if (a->key != b->key)
-        return a->key > b->key ? -1 : 1;
-    return (a->alloc > b->alloc) - (a->alloc < b->alloc);
-}
-
-/* Candidates into OUT (at most K; returns how many): with RESIDENT_ONES the resident
- * allocations of least value, else the offloaded ones charged the most stall. */
-static int top_k(const struct search *s, struct ranked *all, int k, bool resident_ones,
+static int top_k(const struct search *s, struct fs_ranked *all, int k, bool resident_ones,
                  int *out)
 {
     const struct fs_profile *p = s->p;
@@ -110,11 +94,11 @@ static int top_k(const struct search *s, struct ranked *all, int k, bool residen
         if (!fs_alloc_used(p, a) || p->allocs[a].mapped == 0 || s->res[a] != resident_ones)
             continue;
         if (resident_ones) /* least value first: cheapest to offload */
-            all[n++] = (struct ranked){-s->value[a], a};
+            all[n++] = (struct fs_ranked){-s->value[a], a};
         else if (s->stall[a] > 0.0)
-            all[n++] = (struct ranked){s->stall[a], a};
+            all[n++] = (struct fs_ranked){s->stall[a], a};
     }
-    qsort(all, (size_t)n, sizeof(*all), ranked_desc);
+    qsort(all, (size_t)n, sizeof(*all), fs_ranked_desc);
     if (n > k)
         n = k;
     for (int i = 0; i < n; i++)
@@ -122,7 +106,7 @@ static int top_k(const struct search *s, struct ranked *all, int k, bool residen
     return n;
 }
 
-static int search_round(struct search *s, struct ranked *scratch, bool *improved)
+static int search_round(struct search *s, struct fs_ranked *scratch, bool *improved)
 {
     const struct fs_profile *p = s->p;
     const size_t setsz = (size_t)p->nallocs * sizeof(bool);
@@ -165,7 +149,7 @@ int fs_global_improve(const struct fs_profile *p, uint64_t budget, const struct 
                       struct fs_plan *out)
 {
     struct search s = {.p = p, .budget = budget, .lookahead = FS_SCHED_UNLIMITED};
-    struct ranked *scratch = NULL;
+    struct fs_ranked *scratch = NULL;
     const int na = p->nallocs;
     int rc = FS_OK;
     if (!start || !out || start->nallocs != na)

@@ -7,21 +7,7 @@
 #include "fs.h"
 #include "schedule.h"
 
-struct by_size {
-    uint64_t mapped;
-    int alloc;
-};
-
-static int by_size_desc(const void *x, const void *y)
-{
-    const struct by_size *a = x, *b = y;
-    if (a->mapped != b->mapped)
-        return a->mapped > b->mapped ? -1 : 1;
-    return (a->alloc > b->alloc) - (a->alloc < b->alloc);
-}
-
-/* Resident = every used allocation except the first K of ORDER. */
-static void set_prefix(bool *resident, const struct by_size *order, int nused, int k)
+static void set_prefix(bool *resident, const struct fs_ranked *order, int nused, int k)
 {
     for (int i = 0; i < nused; i++)
         resident[order[i].alloc] = i >= k;
@@ -30,7 +16,7 @@ static void set_prefix(bool *resident, const struct by_size *order, int nused, i
 static int greedy_plan(const struct fs_profile *p, uint64_t budget, struct fs_plan *out)
 {
     bool *resident = NULL;
-    struct by_size *order = NULL;
+    struct fs_ranked *order = NULL;
     int rc = fs_plan_open(p, out);
     if (rc != FS_OK)
         return rc;
@@ -51,8 +37,8 @@ static int greedy_plan(const struct fs_profile *p, uint64_t budget, struct fs_pl
     int nused = 0;
     for (int a = 0; a < p->nallocs; a++)
         if (fs_alloc_used(p, a))
-            order[nused++] = (struct by_size){p->allocs[a].mapped, a};
-    qsort(order, (size_t)nused, sizeof(*order), by_size_desc);
+            order[nused++] = (struct fs_ranked){(double)p->allocs[a].mapped, a};
+    qsort(order, (size_t)nused, sizeof(*order), fs_ranked_desc);
 
     /* The bytes needed only fall as more is offloaded: binary search the fewest. */
     int lo = 0, hi = nused; /* hi fits */

@@ -320,17 +320,12 @@ uint64_t fs_plan_offloaded_bytes(const struct fs_profile *p, const struct fs_pla
     return b;
 }
 
-struct by_density {
-    int id;
-    double refs_per_byte;
-};
-
-static int cmp_density(const void *a, const void *b)
+int fs_ranked_desc(const void *x, const void *y)
 {
-    const struct by_density *x = a, *y = b;
-    if (x->refs_per_byte != y->refs_per_byte)
-        return x->refs_per_byte > y->refs_per_byte ? -1 : 1;
-    return x->id - y->id;
+    const struct fs_ranked *a = x, *b = y;
+    if (a->key != b->key)
+        return a->key > b->key ? -1 : 1;
+    return (a->alloc > b->alloc) - (a->alloc < b->alloc);
 }
 
 int fs_plan_host_read(const struct fs_profile *p, struct fs_plan *plan)
@@ -339,7 +334,7 @@ int fs_plan_host_read(const struct fs_profile *p, struct fs_plan *plan)
         return FS_ERR_INVALID;
     int n = p->nallocs, ncand = 0;
     int *uses = calloc((size_t)n + 1, sizeof(*uses));
-    struct by_density *cand = malloc(((size_t)n + 1) * sizeof(*cand));
+    struct fs_ranked *cand = malloc(((size_t)n + 1) * sizeof(*cand));
     if (!uses || !cand) {
         free(uses);
         free(cand);
@@ -353,13 +348,13 @@ int fs_plan_host_read(const struct fs_profile *p, struct fs_plan *plan)
         if (plan->entries[a].resident)
             held += p->allocs[a].mapped;
         else if (uses[a] > 0)
-            cand[ncand++] = (struct by_density){a, (double)uses[a] / (double)p->allocs[a].mapped};
+            cand[ncand++] = (struct fs_ranked){(double)uses[a] / (double)p->allocs[a].mapped, a};
     }
-    qsort(cand, (size_t)ncand, sizeof(*cand), cmp_density);
+    qsort(cand, (size_t)ncand, sizeof(*cand), fs_ranked_desc);
     for (int k = 0; k < ncand; k++) {
-        uint64_t size = p->allocs[cand[k].id].mapped;
+        uint64_t size = p->allocs[cand[k].alloc].mapped;
         if (held + size <= plan->budget) {
-            plan->entries[cand[k].id].resident = true;
+            plan->entries[cand[k].alloc].resident = true;
             held += size;
         }
     }

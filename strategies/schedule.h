@@ -53,6 +53,14 @@ uint64_t fs_schedule_need(const struct fs_profile *p, const bool *resident);
 int fs_schedule(const struct fs_profile *p, uint64_t budget, const bool *resident, int lookahead,
                 struct fs_plan_entry *entries, uint64_t *need);
 
+/* An allocation ranked by KEY, for qsort with fs_ranked_desc: key descending, then allocation
+ * ascending (deterministic plans). */
+struct fs_ranked {
+    double key;
+    int alloc;
+};
+int fs_ranked_desc(const void *x, const void *y);
+
 /* PLAN for host reading (OFFLOAD_MODE=host_read): what it keeps resident stays so; then, while
  * the budget allows, the offloaded allocations with the most referencing launches per byte
  * become resident too (no room is needed for prefetches); every other one gets no window
