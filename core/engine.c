@@ -343,9 +343,10 @@ static int start_locked(int want)
             goto fail_rec; /* the tracker said why */
     }
     eng.stats.budget = budget;
-    if (fs_config_str(cfg, FS_P_TRACE_OUT)[0] && fs_rt_open(RUN_TRACE_SPANS) != FS_OK)
-        FS_WARN("%s: no memory for the run trace; it is not written",
-                fs_param_defs[FS_P_TRACE_OUT].env_name);
+    if (fs_config_str(cfg, FS_P_TRACE_OUT)[0] && !fs_rt_on() &&
+        fs_rt_open(RUN_TRACE_SPANS) != FS_OK)
+        FS_WARN("%s: no memory for the run trace (%d MB); it is not written",
+                fs_param_defs[FS_P_TRACE_OUT].env_name, (int)(RUN_TRACE_SPANS * 40 / 1000000));
     char b1[32], b2[32], b3[32];
     format_bytes(budget, b1, sizeof(b1));
     format_bytes(p->total_bytes, b2, sizeof(b2));

@@ -209,8 +209,10 @@ static void release_evictions(struct fs_executor *x, struct fs_exec_finisher *f,
     while (f->len > 0 && x->released_len < FS_EXEC_RELEASED_MAX) {
         struct fs_exec_slot *slot = &x->slots[f->ring[f->head]];
         pthread_mutex_unlock(&x->lock);
-        int rc = capture_in_progress(x) ? FS_ERR_NOT_READY
-                                        : fs_res_move_release(x->res, &slot->m, wait);
+        bool capturing = capture_in_progress(x);
+        int rc = capturing ? FS_ERR_NOT_READY : fs_res_move_release(x->res, &slot->m, wait);
+        if (capturing && wait) /* nothing may synchronize or remap now: do not spin */
+            nanosleep(&(struct timespec){.tv_nsec = 1000000}, NULL);
         pthread_mutex_lock(&x->lock);
         if (rc == FS_ERR_NOT_READY)
             return; /* the later ones are behind it on the stream */
