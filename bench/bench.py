@@ -76,7 +76,10 @@ DEFAULT_ITERS = {
     ("decode", "accelerate"): (12, 2),
     ("decode", "record"): (48, 8),
 }
-SYSTEMS = ("noshim", "flexshim", "pipeline", "accelerate", "bandwidth")
+SYSTEMS = ("noshim", "flexshim", "flexshim_host_read", "pipeline", "accelerate", "bandwidth")
+# The shim's systems: flexshim_host_read is flexshim run with FLEXTENSOR_OFFLOAD_MODE=host_read
+# (run.sh sets it), from the same profile.
+SHIM_SYSTEMS = ("flexshim", "flexshim_host_read")
 
 
 # ---- model sizes and budgets (pure Python) ---------------------------------------------------
@@ -492,7 +495,7 @@ def measure(args, res):
           flush=True)
     # Proves that every system runs the same weights; for flexshim at the end (keeps it off the
     # start-up path, and checks the weights survived their moves).
-    if args.system != "flexshim":
+    if args.system not in SHIM_SYSTEMS:
         res["weight_checksum"] = weight_checksum(model)
 
     t0 = time.perf_counter()
@@ -534,7 +537,7 @@ def measure(args, res):
         res["pipeline"]["within_budget"] = res["peak_reserved_bytes"] <= args.budget_bytes
         if streamer is not None:
             res["pipeline"].update(streamer.stats())
-    if args.system == "flexshim":
+    if args.system in SHIM_SYSTEMS:
         res["weight_checksum"] = weight_checksum(model)
     print(f"  median {res['step_ms_median']} ms over {n} steps; peak reserved "
           f"{res['peak_reserved_bytes'] / GiB:.2f} GiB", flush=True)
@@ -555,14 +558,15 @@ def fake_measure(args, res):
         return 0
     c = 180.0 if args.workload == "prefill" else 25.0
     moved = max(0, args.weight_bytes - args.budget_bytes) / 53.0e9 * 1000
-    factor = {"noshim": 1.0, "flexshim": 1.3, "pipeline": 1.15, "accelerate": 4.0}[args.system]
+    factor = {"noshim": 1.0, "flexshim": 1.3, "flexshim_host_read": 1.2, "pipeline": 1.15,
+              "accelerate": 4.0}[args.system]
     base = max(c, moved) * (factor if moved > 0 or args.system == "noshim" else 1.02)
     times = [base * (1 + 0.02 * rnd.random()) for _ in range(args.iters)]
     med, n = median_of(times, args.warmup)
     res["idle_start_ms"] = 4.0 if args.workload == "decode" else 1.0
     res.update(step_ms=[round(t, 3) for t in times], step_ms_median=round(med, 3),
                timed_steps=n, warmup_steps=args.warmup, build_s=3.0, import_s=4.0,
-               ttfs_s=9.0 + (1.5 if args.system == "flexshim" else 0.0),
+               ttfs_s=9.0 + (1.5 if args.system in SHIM_SYSTEMS else 0.0),
                weight_checksum=1234.5)
     if args.workload == "prefill":
         res["fingerprint"] = {"kind": "logits-rowsum-sha256", "value": "0123456789abcdef",
@@ -701,7 +705,8 @@ def parse_args(argv):
         return args
     if not args.system or not args.result:
         ap.error("--system and --result are needed")
-    key = "record" if args.kind == "record" else args.system
+    key = ("record" if args.kind == "record" else
+           "flexshim" if args.system in SHIM_SYSTEMS else args.system)
     d_iters, d_warm = DEFAULT_ITERS.get((args.workload, key), (10, 2))
     args.iters = d_iters if args.iters is None else args.iters
     args.warmup = d_warm if args.warmup is None else args.warmup
@@ -737,7 +742,7 @@ def main(argv=None):
         "shim_env": {k: v for k, v in sorted(os.environ.items()) if k.startswith("FLEXTENSOR_")},
         "time": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
     }
-    if args.system == "flexshim" and not res["shim_loaded"] and not args.fake:
+    if args.system in SHIM_SYSTEMS and not res["shim_loaded"] and not args.fake:
         res.setdefault("notes", []).append("libflexshim.so is NOT loaded in this process")
     t0 = time.perf_counter()
     rc = 1

@@ -38,8 +38,11 @@ import shimlog  # noqa: E402  (tests/gpu/shimlog.py: the shim log's format)
 
 MiB = 1 << 20
 GiB = 1 << 30
-SYSTEM_ORDER = ["noshim", "flexshim", "pipeline", "accelerate"]
-COLORS = {"noshim": "#444444", "flexshim": "#d62728", "pipeline": "#1f77b4",
+SYSTEM_ORDER = ["noshim", "flexshim", "flexshim_host_read", "pipeline", "accelerate"]
+# flexshim_host_read: flexshim with FLEXTENSOR_OFFLOAD_MODE=host_read, from the same profile
+SHIM_SYSTEMS = ("flexshim", "flexshim_host_read")
+COLORS = {"noshim": "#444444", "flexshim": "#d62728", "flexshim_host_read": "#ff7f0e",
+          "pipeline": "#1f77b4",
           "accelerate": "#2ca02c", "L": "#000000"}
 
 
@@ -296,7 +299,7 @@ def analyse(lines):
             if sr.get("budget_pct") is None:
                 continue
             for r in rows:
-                if (r["system"] == "flexshim" and r["model"] == s.get("model")
+                if (r["system"] == "flexshim" and r["model"] == s.get("model")  # a prefetch plan
                         and r["workload"] == s.get("workload")
                         and r["budget_pct"] == pct_key(sr["budget_pct"])
                         and sr.get("predicted_ms") is not None):
@@ -413,13 +416,13 @@ def add_system_notes(row, d):
         if s.get("error"):
             bits.append(s["error"])
         row["notes"].extend(bits)
-    if d.get("system") == "flexshim" and d.get("mode") not in (None, "from-profile"):
+    if d.get("system") in SHIM_SYSTEMS and d.get("mode") not in (None, "from-profile"):
         row["notes"].append(d["mode"])
     env = d.get("shim_env") if isinstance(d.get("shim_env"), dict) else {}
     for key in ("FLEXTENSOR_OFFLOAD_MODE", "FLEXTENSOR_PLAN_HEADROOM"):
-        if d.get("system") == "flexshim" and env.get(key):
+        if d.get("system") in SHIM_SYSTEMS and env.get(key):
             row["notes"].insert(0, f"{key[len('FLEXTENSOR_'):]}={env[key]}")
-    if d.get("system") == "flexshim" and d.get("shim_loaded") is False and not d.get("fake"):
+    if d.get("system") in SHIM_SYSTEMS and d.get("shim_loaded") is False and not d.get("fake"):
         row["notes"].append("SHIM NOT LOADED")
 
 
@@ -454,28 +457,28 @@ def targets(rows):
 
     for r in sort_rows(rows):
         model, workload, system, pct = r["model"], r["workload"], r["system"], r["budget_pct"]
-        if system != "flexshim":
+        if system not in SHIM_SYSTEMS:
             continue
         t = r["step_ms"]
         if pct is not None and pct < 100:
-            add("flexshim <= 1.10 x L", model, workload, pct, r.get("ratio_to_L"), 1.10,
+            add(f"{system} <= 1.10 x L", model, workload, pct, r.get("ratio_to_L"), 1.10,
                 f"{t:.1f} ms vs L {r.get('L_ms')} ms")
             if r.get("Lg_ms"):
-                add("(not a target) flexshim <= 1.10 x L' = max(C, G + B/W)", model, workload,
+                add(f"(not a target) {system} <= 1.10 x L' = max(C, G + B/W)", model, workload,
                     pct, t / r["Lg_ms"], 1.10,
                     f"{t:.1f} ms vs L' {r['Lg_ms']} ms (G {r.get('G_ms')} ms)")
             acc = by.get((model, workload, "accelerate", pct))
-            add("flexshim faster than accelerate", model, workload, pct,
+            add(f"{system} faster than accelerate", model, workload, pct,
                 None if not acc else t / acc["step_ms"], 1.0,
                 f"{t:.1f} ms vs {acc['step_ms']:.1f} ms" if acc else "no accelerate run")
             pip = by.get((model, workload, "pipeline", pct))
-            add("flexshim at least as fast as the pipeline", model, workload, pct,
+            add(f"{system} at least as fast as the pipeline", model, workload, pct,
                 None if not pip else t / pip["step_ms"], 1.0,
                 f"{t:.1f} ms vs {pip['step_ms']:.1f} ms" if pip else "no pipeline run")
         # Against noshim of the same run (C), where that run measured it.
         c = r.get("C_ms")
         if pct is not None and pct >= 100 and workload == "decode":
-            add("flexshim at 100% within 3% of noshim (decode)", model, workload, pct,
+            add(f"{system} at 100% within 3% of noshim (decode)", model, workload, pct,
                 None if not c else t / c, 1.03,
                 f"{t:.2f} ms vs {c:.2f} ms" if c else "no noshim run")
         ref_t = r.get("ref_ttfs_s")
@@ -489,7 +492,7 @@ def targets(rows):
 def startup(rows):
     out = []
     for r in rows:
-        if r["system"] not in ("noshim", "flexshim") or r.get("ttfs_s") is None:
+        if r["system"] not in ("noshim",) + SHIM_SYSTEMS or r.get("ttfs_s") is None:
             continue
         ref = r.get("ref_ttfs_s")
         out.append({"model": r["model"], "workload": r["workload"], "system": r["system"],
@@ -543,7 +546,7 @@ def table_text(a):
         body.append([r["model"], r["workload"], budget, r["system"], fmt(r["step_ms"]),
                      fmt(r.get("ratio_to_L"), ".2f"), r["identical"],
                      str(r.get("timed_steps", "-")), gib(r.get("peak_reserved_bytes"))
-                     if r["system"] != "flexshim" else "-",
+                     if r["system"] not in SHIM_SYSTEMS else "-",
                      "; ".join(r["notes"] + ([r["limit_from"]] if r.get("limit_from") else []))])
         for p in r.get("predicted", []):
             body.append(["", "", "", "  simulate", fmt(p.get("predicted_ms")),
@@ -926,6 +929,8 @@ def selftest():
             m("A", "flexshim", "decode", 25, 250.0, fingerprint={"kind": "tokens",
                                                                  "tokens": toks[:5] + [9] * 28}),
             m("A", "pipeline", "decode", 25, 240.0),
+            m("A", "flexshim_host_read", "decode", 25, 230.0,
+              shim_env={"FLEXTENSOR_OFFLOAD_MODE": "host_read"}),
             {"kind": "skipped", "run_id": "A", "model": "7b", "workload": "prefill",
              "system": "pipeline", "budget_pct": 25, "reason": "does not fit"},
             {"kind": "simulate", "model": "7b", "workload": "prefill", "run_id": "A",
@@ -971,6 +976,10 @@ def selftest():
         check("L' row in the table", "L'" in text and "G 6.0" in text, text)
         check("prefill 25% not identical", r["identical"] == "NO", r)
         check("prefill 50% identical", rows[("prefill", "flexshim", 50)]["identical"] == "yes")
+        hr = rows.get(("decode", "flexshim_host_read", 25), {})
+        check("host_read row: identical, noted, its own targets",
+              hr.get("identical") == "yes" and "OFFLOAD_MODE=host_read" in hr.get("notes", [])
+              and "flexshim_host_read at least as fast as the pipeline" in text, hr)
         check("decode 25% tokens differ", rows[("decode", "flexshim", 25)]["identical"] == "NO")
         check("pipeline identical", rows[("decode", "pipeline", 25)]["identical"] == "yes")
         acc = rows[("decode", "accelerate", 25)]

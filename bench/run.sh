@@ -10,6 +10,8 @@
 #   pipeline    a hand-written per-layer prefetch pipeline (bench/prefetch_pipeline.py)
 #   flexshim    LD_PRELOAD=dist/lib/libflexshim.so: per workload one `flexshim-profile record` run
 #               at RECORD_PCT, then one run per budget from that profile
+#   flexshim_host_read  the same profile run with FLEXTENSOR_OFFLOAD_MODE=host_read (offloaded
+#               weights read in place over the link: no copies, no remaps)
 #   accelerate  infer_auto_device_map + dispatch_model with max_memory at the budget
 # and the limit L = max(C, B / W), with W measured first, in this run (bench/report.py).
 # Order: W, noshim, pipeline, flexshim, accelerate (the slowest) last. One python process per
@@ -17,7 +19,8 @@
 #
 # Knobs (environment):
 #   MODEL=7b|1b (7b)   WORKLOADS="prefill decode"   BUDGETS="100 50 25"
-#   SYSTEMS="noshim flexshim accelerate pipeline" (any subset; the order above is kept; noshim is
+#   SYSTEMS="noshim flexshim accelerate pipeline" (any subset, plus flexshim_host_read; the order
+#                      above is kept; noshim is
 #                      needed for C, so a second GPU call should run it again: SYSTEMS="noshim
 #                      accelerate")
 #   TOTAL_BUDGET_S=570 the whole run ends before this many seconds: a run is started only when
@@ -281,13 +284,19 @@ step_flexshim() {
             echo "     NO PROFILE from the record run: the $wl runs below are reactive"
             prof=
         fi
-        for pct in "${PCTS[@]}"; do
-            echo "==== flexshim $wl ${pct}% ($mode)"
-            SHIM_LOG=$LOGS/shim-flexshim-$wl-$pct.log
-            EXTRA=("mode=$mode" "profile=${prof:-none}")
-            # shellcheck disable=SC2046
-            run_one "flexshim-$wl-$pct" flexshim "$wl" "$pct" measure "$MIN_RUN_S" -- \
-                $(shim_env "${BUDGET_MIB[$pct]}" "$SHIM_LOG" "$prof")
+        local sys
+        for sys in flexshim flexshim_host_read; do
+            has "$sys" || continue
+            [ "$sys" = flexshim_host_read ] && [ -z "$prof" ] && continue # needs a plan
+            for pct in "${PCTS[@]}"; do
+                echo "==== $sys $wl ${pct}% ($mode)"
+                SHIM_LOG=$LOGS/shim-$sys-$wl-$pct.log
+                EXTRA=("mode=$mode" "profile=${prof:-none}")
+                # shellcheck disable=SC2046
+                run_one "$sys-$wl-$pct" "$sys" "$wl" "$pct" measure "$MIN_RUN_S" -- \
+                    $(shim_env "${BUDGET_MIB[$pct]}" "$SHIM_LOG" "$prof") \
+                    $([ "$sys" = flexshim_host_read ] && echo FLEXTENSOR_OFFLOAD_MODE=host_read)
+            done
         done
         SHIM_LOG=
         EXTRA=()
@@ -341,14 +350,15 @@ main() {
     local s
     for s in $SYSTEMS; do
         case $s in
-        noshim | flexshim | accelerate | pipeline) ;;
-        *) echo "unknown system '$s' in SYSTEMS (noshim flexshim accelerate pipeline)" ;;
+        noshim | flexshim | flexshim_host_read | accelerate | pipeline) ;;
+        *) echo "unknown system '$s' in SYSTEMS (noshim flexshim flexshim_host_read accelerate" \
+            "pipeline)" ;;
         esac
     done
     step_bandwidth
     has noshim && step_noshim
     has pipeline && step_pipeline
-    has flexshim && step_flexshim
+    { has flexshim || has flexshim_host_read; } && step_flexshim
     has accelerate && step_accelerate
     echo "==== report ($(($(date +%s) - START_S)) s since the start)"
     "$PY" bench/report.py build --out "$OUT" "$JSONL"
