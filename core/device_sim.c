@@ -1225,6 +1225,7 @@ int fs_sim_open(const struct fs_sim_config *cfg, struct fs_device **out)
         c.timing_only = cfg->timing_only;
         memcpy(c.map_ns_per_gib, cfg->map_ns_per_gib, sizeof(c.map_ns_per_gib));
         memcpy(c.unmap_ns_per_gib, cfg->unmap_ns_per_gib, sizeof(c.unmap_ns_per_gib));
+        c.host_read_bytes_per_s = cfg->host_read_bytes_per_s;
         if (cfg->device_bytes)
             c.device_bytes = cfg->device_bytes;
         if (cfg->granularity)
@@ -1296,6 +1297,10 @@ int fs_sim_launch(struct fs_device *dev, fs_stream stream, uint64_t duration_ns,
             for (int i = 0; i < nptrs; i++) {
                 op->va[i] = ptrs[i];
                 op->len[i] = sizes[i];
+                /* Nothing remaps a range under a queued kernel: its backing now is the one the
+                 * kernel will read. */
+                if (s->cfg.host_read_bytes_per_s > 0 && loc_of(s, ptrs[i]) == FS_LOC_HOST)
+                    duration_ns += (uint64_t)((double)sizes[i] / s->cfg.host_read_bytes_per_s * 1e9);
             }
             op->fn = fn;
             op->ctx = ctx;

@@ -65,6 +65,9 @@ struct fs_sim_config {
      * the physical memory: the clock moves on by it, as the device keeps working while the
      * host remaps. Default 0. */
     uint64_t map_ns_per_gib[2], unmap_ns_per_gib[2];
+    /* A kernel reads each byte of its ranges that host memory backs over the link at this rate:
+     * its duration grows by those bytes / rate (0: not modelled). */
+    double host_read_bytes_per_s;
 };
 
 struct fs_sim_stats {

@@ -93,6 +93,7 @@ static int open_device(const struct fs_profile *p, struct fs_device **dev)
         .timing_only = true,
         .map_ns_per_gib = {FS_REPLAY_MAP_DEVICE_NS_PER_GIB, FS_REPLAY_MAP_HOST_NS_PER_GIB},
         .unmap_ns_per_gib = {FS_REPLAY_UNMAP_DEVICE_NS_PER_GIB, FS_REPLAY_UNMAP_HOST_NS_PER_GIB},
+        .host_read_bytes_per_s = FS_REPLAY_HOST_READ_BYTES_PER_S,
     };
     return fs_sim_open(&sc, dev);
 }
@@ -166,9 +167,14 @@ static int start_engine(struct replay *r, const struct fs_replay_config *cfg, ch
     snprintf(profile, sizeof(profile), "FLEXTENSOR_PROFILE=%s", r->path);
     snprintf(strategy, sizeof(strategy), "FLEXTENSOR_STRATEGY=%s",
              cfg->strategy ? cfg->strategy : "adaptive");
-    char *envp[] = {"FLEXTENSOR_CONFIG=", budget, profile, "FLEXTENSOR_MIN_OFFLOAD_BYTES=0",
-                    "FLEXTENSOR_REMAP_SAFETY=tracked", "FLEXTENSOR_LOG_LEVEL=error",
-                    cfg->strategy ? strategy : NULL, NULL};
+    char *envp[10] = {"FLEXTENSOR_CONFIG=", budget, profile, "FLEXTENSOR_MIN_OFFLOAD_BYTES=0",
+                      "FLEXTENSOR_REMAP_SAFETY=tracked", "FLEXTENSOR_LOG_LEVEL=error"};
+    int n = 6;
+    if (cfg->strategy)
+        envp[n++] = strategy;
+    if (cfg->host_read)
+        envp[n++] = "FLEXTENSOR_OFFLOAD_MODE=host_read";
+    envp[n] = NULL;
     fs_engine_teardown();
     fs_engine_use_device(r->dev);
     fs_engine_set_tracker(NULL);

@@ -25,11 +25,16 @@
 #define FS_REPLAY_UNMAP_DEVICE_NS_PER_GIB 50000ull
 #define FS_REPLAY_MAP_HOST_NS_PER_GIB 10500000ull
 #define FS_REPLAY_UNMAP_HOST_NS_PER_GIB 2300000ull
+/* Kernels reading host memory in place (OFFLOAD_MODE=host_read): about 36 GB/s, estimated from
+ * the 7B decode steps at half the weights (7.45 GB read per step in 190-217 ms, 2026-12-03,
+ * docs/PERFORMANCE.md); the copy engines reach 55 GB/s. */
+#define FS_REPLAY_HOST_READ_BYTES_PER_S 36e9
 
 struct fs_replay_config {
     uint64_t budget;      /* GPU_MEMORY_LIMIT in bytes (at least 64 MiB) */
     const char *strategy; /* NULL: the profile's plan if made for BUDGET, else adaptive */
     int iterations;       /* run; the first two are warm-up */
+    bool host_read;       /* OFFLOAD_MODE=host_read */
     /* Optional: the last iteration as it ran on the simulated device, one event per kernel
      * (compute), copy in (H2D) and out (D2H) of an allocation, and stretch the program's thread
      * spent in the launch hook (wait), in microseconds from that iteration's start. Called from

@@ -126,6 +126,15 @@ expect_rc "simulate --replay: exits 0" 0 $rc "$tmp/e"
 expect "simulate --replay: a replay column" "$tmp/o" 'limit ms +replay ms$'
 expect "simulate --replay: everything resident replays at the compute time" "$tmp/o" '^100% = 210 MiB +knapsack +7\.855 +0\.000 +0\.0 +210\.0 +7\.855 +7\.855$'
 awk '$1 == "128" && $3 == "knapsack" { exit !($NF > 7.855 * 1.5) } ' "$tmp/o" && ok "simulate --replay: offloading replays slower than compute" || fail "simulate --replay: offloading replays slower than compute" "$(cat "$tmp/o")"
+run "$tmp/o" "$tmp/e" simulate "$SMALL" --budget 128MiB --strategy knapsack --replay 6 --offload-mode host_read
+expect_rc "simulate --offload-mode host_read: exits 0" 0 $rc "$tmp/e"
+expect "simulate --offload-mode host_read: nothing late, nothing faulted in" "$tmp/o" '^128 MiB +knapsack +0\.0 late +0\.0 unplanned +0\.0 fault-ins +0\.0 ordered'
+run "$tmp/o" "$tmp/e" simulate "$SMALL" --budget 128MiB --offload-mode host_read
+expect_rc "simulate --offload-mode host_read without --replay exits 2" 2 $rc "$tmp/e"
+expect "simulate --offload-mode host_read without --replay says why" "$tmp/e" 'needs --replay N: the timeline model has no host reads'
+run "$tmp/o" "$tmp/e" simulate "$SMALL" --budget 128MiB --replay 4 --offload-mode sideways
+expect_rc "simulate --offload-mode sideways exits 2" 2 $rc "$tmp/e"
+expect "simulate --offload-mode sideways names the modes" "$tmp/e" "'sideways' is not a mode; use prefetch or host_read"
 run "$tmp/o" "$tmp/e" simulate "$SMALL" --budget 40MiB --strategy greedy --replay 4
 expect "simulate --replay: an infeasible plan has no replay" "$tmp/o" '^40 MiB +greedy +infeasible( +-){5}$'
 

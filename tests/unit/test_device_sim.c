@@ -982,6 +982,34 @@ static void test_recorder_sees_every_operation(void **state)
     d->ops->close(d);
 }
 
+/* With host_read_bytes_per_s, a kernel takes longer by the bytes of its ranges that host memory
+ * backs, read at that rate; device-backed ranges cost nothing more. */
+static void test_kernel_reading_host_memory_takes_longer(void **state)
+{
+    (void)state;
+    struct fs_sim_config cfg = {.device_bytes = 64 * MIB, .granularity = G,
+                                .host_phys_supported = true, .host_read_bytes_per_s = 1e9};
+    struct fs_device *d = NULL;
+    assert_int_equal(fs_sim_open(&cfg, &d), FS_OK);
+    struct buf on_dev, on_host;
+    buf_make(d, &on_dev, 16 * G, FS_LOC_DEVICE);
+    buf_make(d, &on_host, 16 * G, FS_LOC_HOST);
+    fs_stream s;
+    assert_int_equal(fs_dev_call(d, stream_create, &s), FS_OK);
+    uint64_t size = 16 * G;
+    assert_int_equal(fs_sim_launch(d, s, 1000, &on_dev.va, &size, 1, NULL, NULL), FS_OK);
+    assert_int_equal(fs_dev_call(d, stream_sync, s), FS_OK);
+    assert_int_equal(fs_sim_now_ns(d), 1000);
+    assert_int_equal(fs_sim_launch(d, s, 1000, &on_host.va, &size, 1, NULL, NULL), FS_OK);
+    assert_int_equal(fs_dev_call(d, stream_sync, s), FS_OK);
+    assert_int_equal(fs_sim_now_ns(d), 2000 + size); /* 1 byte per ns */
+    assert_int_equal(fs_dev_call(d, stream_destroy, s), FS_OK);
+    buf_free(d, &on_dev);
+    buf_free(d, &on_host);
+    assert_no_leaks(d);
+    d->ops->close(d);
+}
+
 /* A kernel range must lie within one mapping. Two adjacent mappings are not one range, even
  * when they alias the same allocation; a copy over the same bytes is fine. */
 static void test_kernel_range_across_mappings(void **state)
@@ -1677,6 +1705,7 @@ int main(void)
         cmocka_unit_test(test_events),
         cmocka_unit_test(test_stream_wait_event_orders_kernel),
         cmocka_unit_test(test_kernels_serialize_and_run),
+        cmocka_unit_test(test_kernel_reading_host_memory_takes_longer),
         cmocka_unit_test(test_recorder_sees_every_operation),
         cmocka_unit_test(test_kernel_range_across_mappings),
         cmocka_unit_test(test_capture_forbids_sync),
