@@ -43,6 +43,7 @@ struct replay {
     unsigned char *keys;     /* one byte per distinct kernel: its address is the kernel handle */
     int *kernel_of;          /* per launch: index into keys, or -1 for copies */
     fs_dptr *va;             /* per allocation */
+    uint64_t *read_bytes;    /* per allocation: what one referencing launch reads of it */
     fs_stream streams[MAX_STREAMS];
     int nstreams;
     double *ends_us;         /* per iteration */
@@ -75,6 +76,7 @@ static void cleanup(struct replay *r)
     free(r->keys);
     free(r->kernel_of);
     free(r->va);
+    free(r->read_bytes);
     free(r->block_va);
     free(r->ends_us);
     pthread_mutex_destroy(&r->trace_lock);
@@ -275,6 +277,20 @@ static int trace_begin(struct replay *r)
     return FS_OK;
 }
 
+/* What each launch that references an allocation reads of it: its size shared among the
+ * iteration's referencing launches (a framework's segment often holds several tensors, each
+ * read by its own kernel), at least 1 byte. It is what a kernel reading host memory in place
+ * pays for (fs_sim_config.host_read_bytes_per_s). */
+static void share_reads(const struct fs_profile *p, uint64_t *read_bytes)
+{
+    for (int r = 0; r < p->nrefs; r++)
+        read_bytes[p->refs[r]]++; /* uses, for now */
+    for (int a = 0; a < p->nallocs; a++) {
+        uint64_t uses = read_bytes[a] ? read_bytes[a] : 1;
+        read_bytes[a] = (p->allocs[a].size + uses - 1) / uses;
+    }
+}
+
 /* One iteration of the profile's launches through the engine. The program thread spends each
  * launch's host time (host_us) before queueing it, starting when its previous launch returned:
  * it moves the clock only if nothing else (the mover's remaps, waits) already took it there. */
@@ -290,7 +306,7 @@ static int run_iteration(struct replay *r, const struct fs_profile *p, char *err
             int a = p->refs[l->ref_start + j];
             ptrs[j] = r->va[a];
             if (j < FS_SIM_MAX_KERNEL_PTRS)
-                sizes[j] = p->allocs[a].size;
+                sizes[j] = r->read_bytes[a];
         }
         struct fs_launch_desc d = {
             .func = r->kernel_of[i] >= 0 ? &r->keys[r->kernel_of[i]] : NULL,
@@ -349,11 +365,14 @@ int fs_replay(const struct fs_profile *p, const struct fs_replay_config *cfg,
     if (rc == FS_OK)
         rc = start_engine(&r, cfg, err, errlen);
     r.va = calloc((size_t)p->nallocs + 1, sizeof(*r.va));
+    r.read_bytes = calloc((size_t)p->nallocs + 1, sizeof(*r.read_bytes));
     r.ends_us = calloc((size_t)cfg->iterations, sizeof(*r.ends_us));
-    if (rc == FS_OK && (!r.va || !r.ends_us)) {
+    if (rc == FS_OK && (!r.va || !r.read_bytes || !r.ends_us)) {
         seterr(err, errlen, "out of memory");
         rc = FS_ERR_NOMEM;
     }
+    if (rc == FS_OK)
+        share_reads(p, r.read_bytes);
     for (int a = 0; a < p->nallocs && rc == FS_OK; a++) {
         rc = fs_engine_alloc(p->allocs[a].size, 0, &r.va[a]);
         if (rc != FS_OK)
