@@ -58,7 +58,7 @@ FS_PARAM(WRITEBACK, FS_PT_ENUM, "fingerprint", 0, 0, "fingerprint|always",      
 FS_PARAM(MEMINFO_VIEW, FS_PT_ENUM, "budget", 0, 0, "budget|device",                            \
     "What cudaMemGetInfo reports: the budget (total = limit, free = what is left of it) or the device.") \
 FS_PARAM(TIMING_REPORT, FS_PT_PATH,   "", 0, 0, NULL,                                              \
-    "Write the timing report at exit to this file ('-' for the log; empty: off).")                                  \
+    "Write the timing report at exit to this file: remaps by kind with their driver time, moves and waits ('-': the log, at level info; empty: off).")                                  \
 FS_PARAM(TRACE_OUT, FS_PT_PATH,   "", 0, 0, NULL,                                                  \
     "Write a Chrome/Perfetto trace of the engine's moves, remaps and waits (host clock, first 262144 spans) to this file at exit (empty: off).")
 /* clang-format on */

@@ -12,6 +12,7 @@
 #include "recorder.h"
 #include "residency.h"
 #include "run_trace.h"
+#include "timing_report.h"
 #include "strategies/strategy.h"
 
 /* The managed address range: 1 TiB, or less if the driver refuses (halving down to 16 GiB). */
@@ -51,17 +52,13 @@ static void apply_log_settings(const struct fs_config *cfg)
 }
 
 /* Settings whose phase this version does not run: a user who sets one is told, rather than left
- * to guess why nothing happened. The timing report is not implemented; discovery, profiling and
- * planning run only with a profile to start from (PROFILE) or to save (PROFILE_OUT). */
+ * to guess why nothing happened. Discovery, profiling and planning run only with a profile to
+ * start from (PROFILE) or to save (PROFILE_OUT). */
 static void warn_inactive_settings(const struct fs_config *cfg)
 {
     static const enum fs_param_id with_profile[] = {FS_P_STRATEGY, FS_P_DISCOVERY_ITERS,
                                                     FS_P_PROFILING_ITERS, FS_P_ITERATION_KERNEL,
                                                     FS_P_PLAN_HEADROOM, FS_P_OFFLOAD_MODE};
-    if (cfg->v[FS_P_TIMING_REPORT].src != FS_SRC_DEFAULT)
-        FS_WARN("%s is set but has no effect in this version: the timing report is not "
-                "implemented yet; the exit summary (FLEXTENSOR_LOG_LEVEL=info) has the counts",
-                fs_param_defs[FS_P_TIMING_REPORT].env_name);
     if (fs_config_str(cfg, FS_P_PROFILE_OUT)[0] || fs_config_str(cfg, FS_P_PROFILE)[0])
         return;
     for (size_t i = 0; i < FS_ARRAY_LEN(with_profile); i++)
@@ -569,6 +566,19 @@ static void stop_and_log_plan(const struct fs_engine_stats *s)
             (unsigned long long)x.overlapped, (unsigned long long)x.max_inflight);
 }
 
+/* The timing report (TIMING_REPORT), for a run that managed DEVICE (NULL: none). */
+static void write_timing_report(const struct fs_engine_stats *s, const char *device)
+{
+    const char *path = fs_config_str(fs_engine_config(), FS_P_TIMING_REPORT);
+    char text[4096];
+    if (!path[0])
+        return;
+    fs_timing_report(s, device, eng.planning, text, sizeof(text));
+    if (fs_timing_report_write(path, text) != FS_OK)
+        FS_WARN("%s=%s: cannot write the timing report (%s); check that the folder exists and is "
+                "writable", fs_param_defs[FS_P_TIMING_REPORT].env_name, path, strerror(errno));
+}
+
 /* The run trace, once the engine's threads stopped moving. */
 static void write_run_trace(void)
 {
@@ -609,8 +619,10 @@ void fs_engine_shutdown(void)
             (unsigned long long)s.managed_allocs, (unsigned long long)s.managed_bytes,
             (unsigned long long)s.passthrough_allocs, (unsigned long long)s.passthrough_bytes,
             (unsigned long long)s.free_calls);
-    if (!started())
+    if (!started()) {
+        write_timing_report(&s, NULL);
         return;
+    }
     char budget[32], peak[32], held[32];
     format_bytes(s.budget, budget, sizeof(budget));
     format_bytes(s.res.device_bytes_peak, peak, sizeof(peak));
@@ -633,6 +645,7 @@ void fs_engine_shutdown(void)
     if (eng.planning)
         stop_and_log_plan(&s);
     log_remaps(&s.res);
+    write_timing_report(&s, eng.dev->props.name);
     write_run_trace();
 }
 

@@ -211,6 +211,7 @@ static int map_at(struct fs_residency *res, const struct fs_alloc *a, const stru
     uint64_t t1 = fs_now_ns();
     __atomic_add_fetch(&res->stats.remaps[FS_REMAP_MAP][b->loc], 1, __ATOMIC_RELAXED);
     __atomic_add_fetch(&res->stats.remap_ns[FS_REMAP_MAP][b->loc], t1 - t0, __ATOMIC_RELAXED);
+    __atomic_add_fetch(&res->stats.remap_bytes[FS_REMAP_MAP][b->loc], a->mapped, __ATOMIC_RELAXED);
     fs_rt_span(b->loc == FS_LOC_HOST ? FS_RT_MAP_HOST : FS_RT_MAP_DEVICE, a->id, a->mapped, t0, t1);
     return rc;
 }
@@ -222,6 +223,7 @@ static int unmap_at(struct fs_residency *res, const struct fs_alloc *a, enum fs_
     uint64_t t1 = fs_now_ns();
     __atomic_add_fetch(&res->stats.remaps[FS_REMAP_UNMAP][loc], 1, __ATOMIC_RELAXED);
     __atomic_add_fetch(&res->stats.remap_ns[FS_REMAP_UNMAP][loc], t1 - t0, __ATOMIC_RELAXED);
+    __atomic_add_fetch(&res->stats.remap_bytes[FS_REMAP_UNMAP][loc], a->mapped, __ATOMIC_RELAXED);
     fs_rt_span(loc == FS_LOC_HOST ? FS_RT_UNMAP_HOST : FS_RT_UNMAP_DEVICE, a->id, a->mapped, t0,
                t1);
     return rc;

@@ -90,9 +90,9 @@ struct fs_res_stats {
     uint64_t early_maps;              /* prefetches mapped at their VA before the copy landed */
     uint64_t ordered_waits;           /* launches that waited for such a copy on their stream */
     uint64_t failures;                /* internal failures that fell back (logged) */
-    /* Remaps by kind, [FS_REMAP_MAP or FS_REMAP_UNMAP][enum fs_mem_loc]: calls, and host time
-     * spent in them (atomic: some are made without the lock) */
-    uint64_t remaps[2][2], remap_ns[2][2];
+    /* Remaps by kind, [FS_REMAP_MAP or FS_REMAP_UNMAP][enum fs_mem_loc]: calls, host time spent
+     * in them and bytes (atomic: some are made without the lock) */
+    uint64_t remaps[2][2], remap_ns[2][2], remap_bytes[2][2];
 };
 enum { FS_REMAP_MAP, FS_REMAP_UNMAP };
 

@@ -649,6 +649,58 @@ static void test_host_read_mode(void **state)
     unlink(path);
 }
 
+/* TIMING_REPORT: at exit a file with every remap kind (calls matching the counters), the moves and
+ * the plan's waits; '-' writes the same lines to the log; an unwritable path is one warning that
+ * names the setting. */
+static void test_timing_report(void **state)
+{
+    (void)state;
+    char path[64], report[96], env[128], log_path[64], text[16384];
+    fresh_path(path, sizeof(path));
+    fresh_path(log_path, sizeof(log_path));
+    record_profile(path, "FLEXTENSOR_GPU_MEMORY_LIMIT=64MiB");
+    snprintf(report, sizeof(report), "%s.timing.txt", path);
+    snprintf(env, sizeof(env), "FLEXTENSOR_TIMING_REPORT=%s", report);
+    uint64_t w[L], act;
+    struct fs_device *dev = start_from_profile(path, env, w, &act);
+    assert_int_equal(run_program(dev, w, L, act, 8), 0);
+    struct fs_engine_stats st;
+    fs_engine_get_stats(&st);
+    fs_engine_shutdown();
+    stop(dev);
+    fs_test_read_file(report, text, sizeof(text));
+    assert_non_null(strstr(text, "flexshim timing report, pid "));
+    assert_non_null(strstr(text, "device flexshim simulated device, budget 0.06 GiB"));
+    char expect[128];
+    snprintf(expect, sizeof(expect), "  map host      %9llu calls",
+             (unsigned long long)st.res.remaps[FS_REMAP_MAP][FS_LOC_HOST]);
+    assert_true(st.res.remaps[FS_REMAP_MAP][FS_LOC_HOST] > 0);
+    assert_non_null(strstr(text, expect));
+    snprintf(expect, sizeof(expect), "moves: %llu prefetches",
+             (unsigned long long)st.res.prefetches);
+    assert_non_null(strstr(text, expect));
+    assert_non_null(strstr(text, "\nplan: "));
+    unlink(report);
+
+    dev = start_logged(path, "FLEXTENSOR_TIMING_REPORT=-", log_path, w, &act);
+    assert_int_equal(run_program(dev, w, L, act, 2), 0);
+    fs_engine_shutdown();
+    stop(dev);
+    fs_test_read_file(log_path, text, sizeof(text));
+    assert_non_null(strstr(text, "info: timing: remaps (host time in the driver"));
+    assert_non_null(strstr(text, "info: timing:   unmap host "));
+
+    dev = start_logged(path, "FLEXTENSOR_TIMING_REPORT=/nonexistent-dir/t.txt", log_path, w,
+                       &act);
+    fs_engine_shutdown();
+    stop(dev);
+    fs_test_read_file(log_path, text, sizeof(text));
+    assert_non_null(strstr(text, "FLEXTENSOR_TIMING_REPORT=/nonexistent-dir/t.txt: cannot write "
+                                 "the timing report"));
+    unlink(log_path);
+    unlink(path);
+}
+
 /* A launch the plan does not have (here one in the middle of every 4th iteration) keeps the
  * place: counted as extra, never a departure, and the plan still runs. */
 static void test_plan_tolerates_an_extra_launch(void **state)
@@ -759,6 +811,7 @@ int main(void)
         cmocka_unit_test(test_run_trace),
         cmocka_unit_test(test_plan_headroom),
         cmocka_unit_test(test_host_read_mode),
+        cmocka_unit_test(test_timing_report),
         cmocka_unit_test(test_plan_tolerates_an_extra_launch),
         cmocka_unit_test(test_plan_given_up_and_made_again),
         cmocka_unit_test(test_mismatched_or_corrupt_profile_rediscovers),
