@@ -299,7 +299,8 @@ def analyse(lines):
             if sr.get("budget_pct") is None:
                 continue
             for r in rows:
-                if (r["system"] == "flexshim" and r["model"] == s.get("model")  # a prefetch plan
+                # the replay of the system's own mode (lines before it existed: flexshim)
+                if (r["system"] == s.get("system", "flexshim") and r["model"] == s.get("model")
                         and r["workload"] == s.get("workload")
                         and r["budget_pct"] == pct_key(sr["budget_pct"])
                         and sr.get("predicted_ms") is not None):
@@ -935,6 +936,9 @@ def selftest():
              "system": "pipeline", "budget_pct": 25, "reason": "does not fit"},
             {"kind": "simulate", "model": "7b", "workload": "prefill", "run_id": "A",
              **parse_simulate(SIM_SAMPLE, [(50, 6906 * MiB), (25, 3453 * MiB)])},
+            {"kind": "simulate", "model": "7b", "workload": "decode", "run_id": "A",
+             "system": "flexshim_host_read",
+             **parse_simulate(SIM_SAMPLE, [(50, 6906 * MiB), (25, 3453 * MiB)])},
         ]
         b_lines = [
             {"kind": "bandwidth", "run_id": "B", "W_bytes_per_s": 40e9},
@@ -977,6 +981,8 @@ def selftest():
         check("prefill 25% not identical", r["identical"] == "NO", r)
         check("prefill 50% identical", rows[("prefill", "flexshim", 50)]["identical"] == "yes")
         hr = rows.get(("decode", "flexshim_host_read", 25), {})
+        check("a host_read replay goes beside the host_read row only",
+              hr.get("predicted") and not rows[("decode", "flexshim", 25)].get("predicted"), hr)
         check("host_read row: identical, noted, its own targets",
               hr.get("identical") == "yes" and "OFFLOAD_MODE=host_read" in hr.get("notes", [])
               and "flexshim_host_read at least as fast as the pipeline" in text, hr)

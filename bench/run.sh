@@ -304,23 +304,33 @@ step_flexshim() {
         # on the simulated device, for each budget.
         local sim=$prof
         [ "$FAKE" = 1 ] && sim=$ROOT/tests/data/small.json
-        if [ -n "$sim" ] && (($(left) >= 20)); then
-            local l t
-            l=$(left)
-            t=$((l < 90 ? l : 90))
-            echo "==== flexshim-profile simulate $wl: --budget $list --strategy $SIM_STRATEGY" \
-                "--replay $SIM_REPLAY (timeout ${t}s)"
-            timeout -k 5 "$t" "$TOOL" simulate "$sim" --budget "$list" --strategy "$SIM_STRATEGY" \
-                --replay "$SIM_REPLAY" >"$LOGS/simulate-$wl.txt" 2>"$LOGS/simulate-$wl.err"
-            echo "     exit $?"
-            cat "$LOGS/simulate-$wl.txt"
-            tail -3 "$LOGS/simulate-$wl.err"
-            "$PY" bench/report.py simulate --jsonl "$JSONL" --text "$LOGS/simulate-$wl.txt" \
-                --budgets "$budgets" --field "run_id=$RUN_ID" --field "model=$MODEL" \
-                --field "workload=$wl" --field "profile=$sim" --field "strategy=$SIM_STRATEGY"
-        elif [ -n "$sim" ]; then
-            echo "==== SKIPPED simulate $wl: $(left)s left"
-        fi
+        # With flexshim_host_read, its replay too (the timeline model columns stay the prefetch
+        # plan's; only the replay runs host reads).
+        for sys in flexshim flexshim_host_read; do
+            has "$sys" || continue
+            local mode_args=() tag=$wl
+            [ "$sys" = flexshim_host_read ] && mode_args=(--offload-mode host_read) &&
+                tag=$wl-host_read
+            if [ -n "$sim" ] && (($(left) >= 20)); then
+                local l t
+                l=$(left)
+                t=$((l < 90 ? l : 90))
+                echo "==== flexshim-profile simulate $wl: --budget $list --strategy" \
+                    "$SIM_STRATEGY --replay $SIM_REPLAY ${mode_args[*]} (timeout ${t}s)"
+                timeout -k 5 "$t" "$TOOL" simulate "$sim" --budget "$list" \
+                    --strategy "$SIM_STRATEGY" --replay "$SIM_REPLAY" "${mode_args[@]}" \
+                    >"$LOGS/simulate-$tag.txt" 2>"$LOGS/simulate-$tag.err"
+                echo "     exit $?"
+                cat "$LOGS/simulate-$tag.txt"
+                tail -3 "$LOGS/simulate-$tag.err"
+                "$PY" bench/report.py simulate --jsonl "$JSONL" --text "$LOGS/simulate-$tag.txt" \
+                    --budgets "$budgets" --field "run_id=$RUN_ID" --field "model=$MODEL" \
+                    --field "workload=$wl" --field "profile=$sim" \
+                    --field "strategy=$SIM_STRATEGY" --field "system=$sys"
+            elif [ -n "$sim" ]; then
+                echo "==== SKIPPED simulate $wl ($sys): $(left)s left"
+            fi
+        done
         pack
     done
 }
