@@ -17,8 +17,8 @@
 
 /* The managed address range: 1 TiB, or less if the driver refuses (halving down to 16 GiB). */
 #define VA_SPACE_BYTES (1ull << 40)
-/* Spans the run trace keeps (40 bytes each; a 7B decode step at half its weights makes about
- * 1200). The TRACE_OUT doc in config_params.h says this number. */
+/* Spans the run trace keeps (a 7B decode step at half its weights makes about 1200). The
+ * TRACE_OUT doc in config_params.h says this number. */
 #define RUN_TRACE_SPANS 262144
 
 enum start_state { NOT_STARTED, STARTED, START_FAILED };
@@ -342,8 +342,8 @@ static int start_locked(int want)
     eng.stats.budget = budget;
     if (fs_config_str(cfg, FS_P_TRACE_OUT)[0] && !fs_rt_on() &&
         fs_rt_open(RUN_TRACE_SPANS) != FS_OK)
-        FS_WARN("%s: no memory for the run trace (%d MB); it is not written",
-                fs_param_defs[FS_P_TRACE_OUT].env_name, (int)(RUN_TRACE_SPANS * 40 / 1000000));
+        FS_WARN("%s: no memory for the run trace (%d spans); it is not written",
+                fs_param_defs[FS_P_TRACE_OUT].env_name, RUN_TRACE_SPANS);
     char b1[32], b2[32], b3[32];
     format_bytes(budget, b1, sizeof(b1));
     format_bytes(p->total_bytes, b2, sizeof(b2));
@@ -566,6 +566,13 @@ static void stop_and_log_plan(const struct fs_engine_stats *s)
             (unsigned long long)x.overlapped, (unsigned long long)x.max_inflight);
 }
 
+/* A file setting (TIMING_REPORT, TRACE_OUT) whose file could not be written (errno says why). */
+static void warn_unwritable(enum fs_param_id id, const char *path, const char *what)
+{
+    FS_WARN("%s=%s: cannot write the %s (%s); check that the folder exists and is writable",
+            fs_param_defs[id].env_name, path, what, strerror(errno));
+}
+
 /* The timing report (TIMING_REPORT), for a run that managed DEVICE (NULL: none). */
 static void write_timing_report(const struct fs_engine_stats *s, const char *device)
 {
@@ -575,8 +582,7 @@ static void write_timing_report(const struct fs_engine_stats *s, const char *dev
         return;
     fs_timing_report(s, device, eng.planning, text, sizeof(text));
     if (fs_timing_report_write(path, text) != FS_OK)
-        FS_WARN("%s=%s: cannot write the timing report (%s); check that the folder exists and is "
-                "writable", fs_param_defs[FS_P_TIMING_REPORT].env_name, path, strerror(errno));
+        warn_unwritable(FS_P_TIMING_REPORT, path, "timing report");
 }
 
 /* The run trace, once the engine's threads stopped moving. */
@@ -587,8 +593,7 @@ static void write_run_trace(void)
     if (!fs_rt_on())
         return;
     if (fs_rt_write(path, &kept, &dropped) != FS_OK)
-        FS_WARN("%s=%s: cannot write the run trace (%s); check that the folder exists and is "
-                "writable", fs_param_defs[FS_P_TRACE_OUT].env_name, path, strerror(errno));
+        warn_unwritable(FS_P_TRACE_OUT, path, "run trace");
     else
         FS_INFO("run trace: %llu spans written to %s; %llu later ones did not fit",
                 (unsigned long long)kept, path, (unsigned long long)dropped);

@@ -553,7 +553,7 @@ int fs_exec_install(struct fs_executor *x, struct fs_profile *p)
     if (sp->nlaunches <= 0 || !sp->plan.entries || sp->plan.nallocs != sp->nallocs ||
         fs_plan_evaluate(sp, &sp->plan) != FS_OK)
         rc = FS_ERR_INVALID;
-    if (rc == FS_OK && __atomic_load_n(&x->host_read, __ATOMIC_ACQUIRE))
+    if (rc == FS_OK && x->host_read)
         rc = fs_plan_host_read(sp, &sp->plan);
     if (rc == FS_OK)
         rc = build_actions(sp, false, &staged.pf_start, &staged.pf_ids);
@@ -624,7 +624,7 @@ static void stop_locked(struct fs_executor *x)
 
 void fs_exec_set_host_read(struct fs_executor *x, bool on)
 {
-    __atomic_store_n(&x->host_read, on, __ATOMIC_RELEASE);
+    x->host_read = on;
 }
 
 void fs_exec_stop(struct fs_executor *x)

@@ -89,7 +89,7 @@ struct fs_exec_released {
     struct fs_res_move m; /* its event and fingerprint buffer are no longer used */
 };
 
-/* A thread that ends moves of one kind (evictions or prefetches) in the order they began. */
+/* A thread that finishes moves of one kind in the order they began (fin[] says which). */
 struct fs_exec_finisher {
     struct fs_executor *x;
     pthread_t thread;
@@ -168,7 +168,7 @@ void fs_exec_shutdown(struct fs_executor *x);
  * FS_ERR_INVALID when P has no valid plan for its allocations. */
 int fs_exec_install(struct fs_executor *x, struct fs_profile *p);
 
-/* OFFLOAD_MODE=host_read for the plans installed from now on: fs_plan_host_read turns each plan
+/* OFFLOAD_MODE=host_read, before the first fs_exec_install: fs_plan_host_read turns each plan
  * into one that keeps what fits resident and leaves the rest in host memory, read in place by
  * its kernels (never prefetched nor faulted in). */
 void fs_exec_set_host_read(struct fs_executor *x, bool on);

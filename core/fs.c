@@ -1,5 +1,6 @@
 #include "fs.h"
 
+#include <errno.h>
 #include <stdbool.h>
 #include <stdlib.h>
 
@@ -18,6 +19,21 @@ bool fs_grow(void **arr, size_t *cap, size_t need, size_t elem)
     *arr = p;
     *cap = n;
     return true;
+}
+
+int fs_write_file(const char *path, int (*emit)(FILE *f, void *arg), void *arg)
+{
+    FILE *f = fopen(path, "w");
+    if (!f)
+        return FS_ERR_IO;
+    int rc = emit(f, arg) == FS_OK && !ferror(f) ? FS_OK : FS_ERR_IO;
+    int err = errno;
+    if (fclose(f) != 0 && rc == FS_OK) {
+        rc = FS_ERR_IO;
+        err = errno;
+    }
+    errno = err;
+    return rc;
 }
 
 const char *fs_err_str(int err)

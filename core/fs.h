@@ -4,6 +4,7 @@
 
 #include <stddef.h>
 #include <stdint.h>
+#include <stdio.h>
 #include <time.h>
 
 /* Everything is hidden by default (-fvisibility=hidden); only the intercepted CUDA entry points
@@ -40,6 +41,10 @@ static inline uint64_t fs_round_up(uint64_t v, uint64_t g)
 /* Make the array *ARR (elements of ELEM bytes, capacity *CAP) hold at least NEED elements,
  * doubling; false (and nothing changed) when out of memory. */
 _Bool fs_grow(void **arr, size_t *cap, size_t need, size_t elem);
+
+/* Create (or truncate) PATH and let EMIT write it (FS_OK, or FS_ERR_IO when the stream failed).
+ * FS_ERR_IO when the file cannot be opened, written or closed; errno says why. */
+int fs_write_file(const char *path, int (*emit)(FILE *f, void *arg), void *arg);
 
 /* CLOCK_MONOTONIC in nanoseconds. */
 static inline uint64_t fs_now_ns(void)

@@ -1,4 +1,5 @@
-/* Releasing profiles and plans. (Saving and loading live in core/profile_io.c.) */
+/* Releasing profiles and plans, and what is read off a profile in several places. (Saving and
+ * loading live in core/profile_io.c.) */
 #include <stdlib.h>
 #include <string.h>
 
@@ -10,6 +11,13 @@ void fs_plan_free(struct fs_plan *plan)
         return;
     free(plan->entries);
     memset(plan, 0, sizeof(*plan));
+}
+
+void fs_profile_count_uses(const struct fs_profile *p, uint64_t *uses)
+{
+    for (int l = 0; l < p->nlaunches; l++)
+        for (int r = 0; r < p->launches[l].nrefs; r++)
+            uses[p->refs[p->launches[l].ref_start + r]]++;
 }
 
 void fs_profile_free(struct fs_profile *p)

@@ -87,6 +87,10 @@ struct fs_profile {
 void fs_profile_free(struct fs_profile *p);
 void fs_plan_free(struct fs_plan *plan);
 
+/* USES[a] (nallocs entries, zeroed by the caller): how many launches of the iteration reference
+ * allocation a. */
+void fs_profile_count_uses(const struct fs_profile *p, uint64_t *uses);
+
 /* Save P as JSON (jansson) to PATH atomically (a temporary file in the same directory, then
  * rename). On failure writes one line to ERR saying what went wrong and returns FS_ERR_IO. */
 int fs_profile_save(const char *path, const struct fs_profile *p, char *err, size_t errlen);

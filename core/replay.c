@@ -283,8 +283,7 @@ static int trace_begin(struct replay *r)
  * pays for (fs_sim_config.host_read_bytes_per_s). */
 static void share_reads(const struct fs_profile *p, uint64_t *read_bytes)
 {
-    for (int r = 0; r < p->nrefs; r++)
-        read_bytes[p->refs[r]]++; /* uses, for now */
+    fs_profile_count_uses(p, read_bytes); /* then turned into bytes in place */
     for (int a = 0; a < p->nallocs; a++) {
         uint64_t uses = read_bytes[a] ? read_bytes[a] : 1;
         read_bytes[a] = (p->allocs[a].size + uses - 1) / uses;

@@ -202,17 +202,26 @@ fail_pools:
     return rc;
 }
 
-/* Map block B at A's VA (map + set access) / unmap A's VA, backed by LOC: the driver's remap
- * time, counted by kind and drawn in the run trace. */
+/* A remap of A (OP: FS_REMAP_MAP or FS_REMAP_UNMAP, of memory at LOC) that ran from T0 to T1:
+ * the driver's remap time, counted by kind and drawn in the run trace. */
+static void count_remap(struct fs_residency *res, const struct fs_alloc *a, int op,
+                        enum fs_mem_loc loc, uint64_t t0, uint64_t t1)
+{
+    static const enum fs_rt_kind kinds[2][2] = {
+        [FS_REMAP_MAP] = {[FS_LOC_DEVICE] = FS_RT_MAP_DEVICE, [FS_LOC_HOST] = FS_RT_MAP_HOST},
+        [FS_REMAP_UNMAP] = {[FS_LOC_DEVICE] = FS_RT_UNMAP_DEVICE, [FS_LOC_HOST] = FS_RT_UNMAP_HOST}};
+    __atomic_add_fetch(&res->stats.remaps[op][loc], 1, __ATOMIC_RELAXED);
+    __atomic_add_fetch(&res->stats.remap_ns[op][loc], t1 - t0, __ATOMIC_RELAXED);
+    __atomic_add_fetch(&res->stats.remap_bytes[op][loc], a->mapped, __ATOMIC_RELAXED);
+    fs_rt_span(kinds[op][loc], a->id, a->mapped, t0, t1);
+}
+
+/* Map block B at A's VA (map + set access) / unmap A's VA, backed by LOC. */
 static int map_at(struct fs_residency *res, const struct fs_alloc *a, const struct fs_block *b)
 {
     uint64_t t0 = fs_now_ns();
     int rc = fs_dev_call(res->dev, map, a->va, a->mapped, b->phys, 0);
-    uint64_t t1 = fs_now_ns();
-    __atomic_add_fetch(&res->stats.remaps[FS_REMAP_MAP][b->loc], 1, __ATOMIC_RELAXED);
-    __atomic_add_fetch(&res->stats.remap_ns[FS_REMAP_MAP][b->loc], t1 - t0, __ATOMIC_RELAXED);
-    __atomic_add_fetch(&res->stats.remap_bytes[FS_REMAP_MAP][b->loc], a->mapped, __ATOMIC_RELAXED);
-    fs_rt_span(b->loc == FS_LOC_HOST ? FS_RT_MAP_HOST : FS_RT_MAP_DEVICE, a->id, a->mapped, t0, t1);
+    count_remap(res, a, FS_REMAP_MAP, b->loc, t0, fs_now_ns());
     return rc;
 }
 
@@ -220,12 +229,7 @@ static int unmap_at(struct fs_residency *res, const struct fs_alloc *a, enum fs_
 {
     uint64_t t0 = fs_now_ns();
     int rc = fs_dev_call(res->dev, unmap, a->va, a->mapped);
-    uint64_t t1 = fs_now_ns();
-    __atomic_add_fetch(&res->stats.remaps[FS_REMAP_UNMAP][loc], 1, __ATOMIC_RELAXED);
-    __atomic_add_fetch(&res->stats.remap_ns[FS_REMAP_UNMAP][loc], t1 - t0, __ATOMIC_RELAXED);
-    __atomic_add_fetch(&res->stats.remap_bytes[FS_REMAP_UNMAP][loc], a->mapped, __ATOMIC_RELAXED);
-    fs_rt_span(loc == FS_LOC_HOST ? FS_RT_UNMAP_HOST : FS_RT_UNMAP_DEVICE, a->id, a->mapped, t0,
-               t1);
+    count_remap(res, a, FS_REMAP_UNMAP, loc, t0, fs_now_ns());
     return rc;
 }
 

@@ -1,6 +1,5 @@
 #include "run_trace.h"
 
-#include <errno.h>
 #include <stdio.h>
 #include <stdlib.h>
 
@@ -94,9 +93,11 @@ static void lane_name(int lane, char *buf, size_t n)
         snprintf(buf, n, "slot %d", lane - FS_RT_SLOTS);
 }
 
-/* One JSON event per span; the lanes seen get a name and their order. */
-static int write_events(FILE *f, uint64_t n)
+/* One JSON event per span of the first *N (a uint64_t); the lanes seen get a name and their
+ * order. */
+static int write_events(FILE *f, void *arg)
 {
+    uint64_t n = *(const uint64_t *)arg;
     uint64_t base = UINT64_MAX;
     int max_lane = 0;
     for (uint64_t i = 0; i < n; i++)
@@ -136,7 +137,7 @@ static int write_events(FILE *f, uint64_t n)
                     (unsigned long long)s->id, (unsigned long long)s->bytes);
     }
     fputs("\n]}\n", f);
-    return ferror(f) ? FS_ERR_IO : FS_OK;
+    return FS_OK;
 }
 
 int fs_rt_write(const char *path, uint64_t *kept, uint64_t *dropped)
@@ -148,18 +149,8 @@ int fs_rt_write(const char *path, uint64_t *kept, uint64_t *dropped)
     uint64_t n = reserved < rt.cap ? reserved : rt.cap;
     *kept = n;
     *dropped = reserved - n;
-    FILE *f = fopen(path, "w");
-    if (!f)
-        return FS_ERR_IO;
-    int rc = write_events(f, n);
-    int err = errno;
-    if (fclose(f) != 0 && rc == FS_OK) {
-        rc = FS_ERR_IO;
-        err = errno;
-    }
-    errno = err;
     /* The buffer stays: a span being stored now must not write into freed memory. */
-    return rc;
+    return fs_write_file(path, write_events, &n);
 }
 
 void fs_rt_close(void)

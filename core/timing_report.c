@@ -1,6 +1,5 @@
 #include "timing_report.h"
 
-#include <errno.h>
 #include <stdarg.h>
 #include <stdio.h>
 #include <string.h>
@@ -80,6 +79,11 @@ char *fs_timing_report(const struct fs_engine_stats *s, const char *device, bool
     return buf;
 }
 
+static int put_text(FILE *f, void *text)
+{
+    return fputs(text, f) < 0 ? FS_ERR_IO : FS_OK;
+}
+
 int fs_timing_report_write(const char *path, const char *text)
 {
     if (!strcmp(path, "-")) {
@@ -91,15 +95,5 @@ int fs_timing_report_write(const char *path, const char *text)
         }
         return FS_OK;
     }
-    FILE *f = fopen(path, "w");
-    if (!f)
-        return FS_ERR_IO;
-    int rc = fputs(text, f) < 0 ? FS_ERR_IO : FS_OK;
-    int err = errno;
-    if (fclose(f) != 0 && rc == FS_OK) {
-        rc = FS_ERR_IO;
-        err = errno;
-    }
-    errno = err;
-    return rc;
+    return fs_write_file(path, put_text, (void *)text);
 }

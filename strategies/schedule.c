@@ -333,16 +333,14 @@ int fs_plan_host_read(const struct fs_profile *p, struct fs_plan *plan)
     if (!p || !plan || !plan->entries || plan->nallocs != p->nallocs)
         return FS_ERR_INVALID;
     int n = p->nallocs, ncand = 0;
-    int *uses = calloc((size_t)n + 1, sizeof(*uses));
+    uint64_t *uses = calloc((size_t)n + 1, sizeof(*uses));
     struct fs_ranked *cand = malloc(((size_t)n + 1) * sizeof(*cand));
     if (!uses || !cand) {
         free(uses);
         free(cand);
         return FS_ERR_NOMEM;
     }
-    for (int l = 0; l < p->nlaunches; l++)
-        for (int r = 0; r < p->launches[l].nrefs; r++)
-            uses[p->refs[p->launches[l].ref_start + r]]++;
+    fs_profile_count_uses(p, uses);
     uint64_t held = 0;
     for (int a = 0; a < n; a++) {
         if (plan->entries[a].resident)
