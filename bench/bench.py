@@ -76,10 +76,11 @@ DEFAULT_ITERS = {
     ("decode", "accelerate"): (12, 2),
     ("decode", "record"): (48, 8),
 }
-SYSTEMS = ("noshim", "flexshim", "flexshim_host_read", "pipeline", "accelerate", "bandwidth")
-# The shim's systems: flexshim_host_read is flexshim run with FLEXTENSOR_OFFLOAD_MODE=host_read
-# (run.sh sets it), from the same profile.
-SHIM_SYSTEMS = ("flexshim", "flexshim_host_read")
+SYSTEMS = ("noshim", "flexshim", "flexshim_host_read", "flexshim_redirect", "pipeline",
+           "accelerate", "bandwidth")
+# The shim's systems: flexshim_MODE is flexshim run with FLEXTENSOR_OFFLOAD_MODE=MODE (run.sh sets
+# it), from the same profile.
+SHIM_SYSTEMS = ("flexshim", "flexshim_host_read", "flexshim_redirect")
 
 
 # ---- model sizes and budgets (pure Python) ---------------------------------------------------
@@ -558,8 +559,8 @@ def fake_measure(args, res):
         return 0
     c = 180.0 if args.workload == "prefill" else 25.0
     moved = max(0, args.weight_bytes - args.budget_bytes) / 53.0e9 * 1000
-    factor = {"noshim": 1.0, "flexshim": 1.3, "flexshim_host_read": 1.2, "pipeline": 1.15,
-              "accelerate": 4.0}[args.system]
+    factor = {"noshim": 1.0, "flexshim": 1.3, "flexshim_host_read": 1.2,
+              "flexshim_redirect": 1.1, "pipeline": 1.15, "accelerate": 4.0}[args.system]
     base = max(c, moved) * (factor if moved > 0 or args.system == "noshim" else 1.02)
     times = [base * (1 + 0.02 * rnd.random()) for _ in range(args.iters)]
     med, n = median_of(times, args.warmup)

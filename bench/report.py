@@ -38,11 +38,12 @@ import shimlog  # noqa: E402  (tests/gpu/shimlog.py: the shim log's format)
 
 MiB = 1 << 20
 GiB = 1 << 30
-SYSTEM_ORDER = ["noshim", "flexshim", "flexshim_host_read", "pipeline", "accelerate"]
-# flexshim_host_read: flexshim with FLEXTENSOR_OFFLOAD_MODE=host_read, from the same profile
-SHIM_SYSTEMS = ("flexshim", "flexshim_host_read")
+SYSTEM_ORDER = ["noshim", "flexshim", "flexshim_host_read", "flexshim_redirect", "pipeline",
+                "accelerate"]
+# flexshim_MODE: flexshim with FLEXTENSOR_OFFLOAD_MODE=MODE, from the same profile
+SHIM_SYSTEMS = ("flexshim", "flexshim_host_read", "flexshim_redirect")
 COLORS = {"noshim": "#444444", "flexshim": "#d62728", "flexshim_host_read": "#ff7f0e",
-          "pipeline": "#1f77b4",
+          "flexshim_redirect": "#9467bd", "pipeline": "#1f77b4",
           "accelerate": "#2ca02c", "L": "#000000"}
 
 

@@ -12,6 +12,9 @@
 #               at RECORD_PCT, then one run per budget from that profile
 #   flexshim_host_read  the same profile run with FLEXTENSOR_OFFLOAD_MODE=host_read (offloaded
 #               weights read in place over the link: no copies, no remaps)
+#   flexshim_redirect   the same profile run with FLEXTENSOR_OFFLOAD_MODE=redirect (offloaded
+#               weights copied into device blocks ahead of use, kernels' pointers rewritten to
+#               them: no remaps)
 #   accelerate  infer_auto_device_map + dispatch_model with max_memory at the budget
 # and the limit L = max(C, B / W), with W measured first, in this run (bench/report.py).
 # Order: W, noshim, pipeline, flexshim, accelerate (the slowest) last. One python process per
@@ -19,7 +22,8 @@
 #
 # Knobs (environment):
 #   MODEL=7b|1b (7b)   WORKLOADS="prefill decode"   BUDGETS="100 50 25"
-#   SYSTEMS="noshim flexshim accelerate pipeline" (any subset, plus flexshim_host_read; the order
+#   SYSTEMS="noshim flexshim accelerate pipeline" (any subset, plus flexshim_host_read and
+#                      flexshim_redirect; the order
 #                      above is kept; noshim is
 #                      needed for C, so a second GPU call should run it again: SYSTEMS="noshim
 #                      accelerate")
@@ -87,6 +91,10 @@ FAKE_ARGS=()
 [ "$FAKE" = 1 ] && FAKE_ARGS=(--fake --fake-sleep "${FAKE_SLEEP:-1}")
 
 has() { case " $SYSTEMS " in *" $1 "*) return 0 ;; *) return 1 ;; esac; }
+# The shim's systems: flexshim, and flexshim_MODE run with FLEXTENSOR_OFFLOAD_MODE=MODE from the
+# same profile (offload_env).
+SHIM_SYSTEMS="flexshim flexshim_host_read flexshim_redirect"
+offload_env() { [ "$1" = flexshim ] || echo "FLEXTENSOR_OFFLOAD_MODE=${1#flexshim_}"; }
 left() { echo $((DEADLINE_S - RESERVE_S - $(date +%s))); }
 line() { "$PY" bench/report.py line --jsonl "$JSONL" "$@"; }
 
@@ -285,9 +293,9 @@ step_flexshim() {
             prof=
         fi
         local sys
-        for sys in flexshim flexshim_host_read; do
+        for sys in $SHIM_SYSTEMS; do
             has "$sys" || continue
-            [ "$sys" = flexshim_host_read ] && [ -z "$prof" ] && continue # needs a plan
+            [ "$sys" != flexshim ] && [ -z "$prof" ] && continue # the other modes need a plan
             for pct in "${PCTS[@]}"; do
                 echo "==== $sys $wl ${pct}% ($mode)"
                 SHIM_LOG=$LOGS/shim-$sys-$wl-$pct.log
@@ -295,7 +303,7 @@ step_flexshim() {
                 # shellcheck disable=SC2046
                 run_one "$sys-$wl-$pct" "$sys" "$wl" "$pct" measure "$MIN_RUN_S" -- \
                     $(shim_env "${BUDGET_MIB[$pct]}" "$SHIM_LOG" "$prof") \
-                    $([ "$sys" = flexshim_host_read ] && echo FLEXTENSOR_OFFLOAD_MODE=host_read)
+                    $(offload_env "$sys")
             done
         done
         SHIM_LOG=
@@ -304,13 +312,13 @@ step_flexshim() {
         # on the simulated device, for each budget.
         local sim=$prof
         [ "$FAKE" = 1 ] && sim=$ROOT/tests/data/small.json
-        # With flexshim_host_read, its replay too (the timeline model columns stay the prefetch
-        # plan's; only the replay runs host reads).
-        for sys in flexshim flexshim_host_read; do
+        # With flexshim_host_read or flexshim_redirect, their replays too (the timeline model
+        # columns stay the prefetch plan's; only the replay runs the other modes).
+        for sys in $SHIM_SYSTEMS; do
             has "$sys" || continue
             local mode_args=() tag=$wl
-            [ "$sys" = flexshim_host_read ] && mode_args=(--offload-mode host_read) &&
-                tag=$wl-host_read
+            [ "$sys" != flexshim ] && mode_args=(--offload-mode "${sys#flexshim_}") &&
+                tag=$wl-${sys#flexshim_}
             if [ -n "$sim" ] && (($(left) >= 20)); then
                 local l t
                 l=$(left)
@@ -360,15 +368,18 @@ main() {
     local s
     for s in $SYSTEMS; do
         case $s in
-        noshim | flexshim | flexshim_host_read | accelerate | pipeline) ;;
-        *) echo "unknown system '$s' in SYSTEMS (noshim flexshim flexshim_host_read accelerate" \
-            "pipeline)" ;;
+        noshim | flexshim | flexshim_host_read | flexshim_redirect | accelerate | pipeline) ;;
+        *) echo "unknown system '$s' in SYSTEMS (noshim flexshim flexshim_host_read" \
+            "flexshim_redirect accelerate pipeline)" ;;
         esac
     done
     step_bandwidth
     has noshim && step_noshim
     has pipeline && step_pipeline
-    { has flexshim || has flexshim_host_read; } && step_flexshim
+    local shim
+    for shim in $SHIM_SYSTEMS; do
+        has "$shim" && { step_flexshim; break; }
+    done
     has accelerate && step_accelerate
     echo "==== report ($(($(date +%s) - START_S)) s since the start)"
     "$PY" bench/report.py build --out "$OUT" "$JSONL"

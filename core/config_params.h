@@ -27,8 +27,8 @@ FS_PARAM(GPU_MEMORY_LIMIT, FS_PT_SIZE_PCT, "100%", 64 * FS_MIB, 64 * FS_TIB, NUL
     "Device memory that managed allocations may hold: bytes (8GiB, 512MB) or percent of the device (60%).") \
 FS_PARAM(STRATEGY, FS_PT_ENUM, "adaptive", 0, 0, "adaptive|knapsack|greedy|global",                \
     "Planner that decides which allocations stay resident.")                                       \
-FS_PARAM(OFFLOAD_MODE, FS_PT_ENUM, "prefetch", 0, 0, "prefetch|host_read",                     \
-    "prefetch: offloaded allocations are copied to the device ahead of their kernels; host_read: they stay in pinned host memory and their kernels read them over the link (no copies, no remaps: for steps that read each byte once, as batch-1 decode does).") \
+FS_PARAM(OFFLOAD_MODE, FS_PT_ENUM, "prefetch", 0, 0, "prefetch|host_read|redirect",            \
+    "prefetch: offloaded allocations are copied to the device ahead of their kernels and remapped there; host_read: they stay in pinned host memory and their kernels read them over the link (no copies, no remaps); redirect: they are copied into device blocks ahead of their kernels, whose pointers are rewritten to the copies (no remaps; a kernel reaching one through a pointer kept in device memory reads the host copy).") \
 FS_PARAM(PLAN_HEADROOM, FS_PT_SIZE, "0", 0, 64 * FS_TIB, NULL,                                   \
     "Part of GPU_MEMORY_LIMIT the plan leaves unused, as room for prefetches in flight (the planner's model counts no delay between an eviction and the prefetch waiting for its room).") \
 FS_PARAM(PROFILE, FS_PT_PATH,   "", 0, 0, NULL,                                                    \

@@ -255,7 +255,8 @@ static int start_planning(const struct fs_config *cfg, uint64_t limit)
     int rc = fs_exec_init(&eng.exec, &eng.res);
     if (rc != FS_OK)
         return rc;
-    fs_exec_set_host_read(&eng.exec, fs_config_u64(cfg, FS_P_OFFLOAD_MODE) == 1);
+    fs_exec_set_offload_mode(&eng.exec,
+                             (enum fs_offload_mode)fs_config_u64(cfg, FS_P_OFFLOAD_MODE));
     struct fs_profile p = {0};
     bool loaded = in[0] && load_profile(cfg, in, budget, &p);
     char strategy[32];
@@ -647,6 +648,13 @@ void fs_engine_shutdown(void)
             "unreadable), %llu layout queries",
             (unsigned long long)s.launch.launches, (unsigned long long)s.launch.with_refs,
             (unsigned long long)s.launch.unknown, (unsigned long long)s.launch.layout_queries);
+    if (s.res.stage_ins > 0 || s.res.redirected > 0)
+        FS_INFO("redirect: %llu device copies made (%llu bytes), %llu ended; %llu launches "
+                "redirected to them (%llu parameter words); %llu copies ended early for a launch "
+                "that could not be redirected",
+                (unsigned long long)s.res.stage_ins, (unsigned long long)s.res.staged_bytes,
+                (unsigned long long)s.res.stage_outs, (unsigned long long)s.res.redirected,
+                (unsigned long long)s.launch.rewritten, (unsigned long long)s.res.unstage_syncs);
     if (eng.planning)
         stop_and_log_plan(&s);
     log_remaps(&s.res);

@@ -553,7 +553,7 @@ int fs_exec_install(struct fs_executor *x, struct fs_profile *p)
     if (sp->nlaunches <= 0 || !sp->plan.entries || sp->plan.nallocs != sp->nallocs ||
         fs_plan_evaluate(sp, &sp->plan) != FS_OK)
         rc = FS_ERR_INVALID;
-    if (rc == FS_OK && x->host_read)
+    if (rc == FS_OK && x->mode == FS_OFFLOAD_HOST_READ)
         rc = fs_plan_host_read(sp, &sp->plan);
     if (rc == FS_OK)
         rc = build_actions(sp, false, &staged.pf_start, &staged.pf_ids);
@@ -574,12 +574,14 @@ int fs_exec_install(struct fs_executor *x, struct fs_profile *p)
         return rc;
     }
     /* What the plan keeps resident is evicted last when room is made on demand (without
-     * memory for the list, LRU alone decides); in host-read mode the rest is read in place. */
+     * memory for the list, LRU alone decides); in host-read mode the rest is read in place, in
+     * redirect mode it is staged. */
+    static const uint8_t offloaded_role[] = {[FS_OFFLOAD_PREFETCH] = FS_PLAN_MOVED,
+                                             [FS_OFFLOAD_HOST_READ] = FS_PLAN_HOST,
+                                             [FS_OFFLOAD_REDIRECT] = FS_PLAN_STAGED};
     uint8_t *role = malloc((size_t)sp->nallocs + 1);
     for (int a = 0; role && a < sp->nallocs; a++)
-        role[a] = sp->plan.entries[a].resident ? FS_PLAN_KEPT
-                  : x->host_read                ? FS_PLAN_HOST
-                                                : FS_PLAN_MOVED;
+        role[a] = sp->plan.entries[a].resident ? FS_PLAN_KEPT : offloaded_role[x->mode];
     fs_res_set_plan_roles(x->res, role, sp->nallocs);
     pthread_mutex_lock(&x->lock);
     free_plan(x);
@@ -622,9 +624,9 @@ static void stop_locked(struct fs_executor *x)
     pthread_cond_broadcast(&x->done); /* nobody waits for a dropped prefetch */
 }
 
-void fs_exec_set_host_read(struct fs_executor *x, bool on)
+void fs_exec_set_offload_mode(struct fs_executor *x, enum fs_offload_mode mode)
 {
-    x->host_read = on;
+    x->mode = mode;
 }
 
 void fs_exec_stop(struct fs_executor *x)
@@ -807,7 +809,7 @@ void fs_exec_launch_enter(struct fs_executor *x, struct fs_launch_ticket *t)
         bool planned = a->id < (uint64_t)x->prof.nallocs &&
                        present_at(&x->prof.plan.entries[a->id], cur);
         if (!planned) {
-            if (!x->host_read) /* else the plan has it read in place (residency counts it) */
+            if (x->mode != FS_OFFLOAD_HOST_READ) /* else read in place (residency counts it) */
                 x->stats.unplanned++;
             continue;
         }

@@ -153,7 +153,7 @@ struct fs_executor {
      * for an older one is mapped at once) */
     struct fs_exec_finisher fin[FS_EXEC_FINISHERS];
     uint64_t q_gen;          /* changes whenever the queue is emptied or replaced */
-    bool host_read;          /* OFFLOAD_MODE=host_read (fs_exec_set_host_read) */
+    int mode;                /* enum fs_offload_mode (fs_exec_set_offload_mode) */
     struct fs_exec_stats stats;
 };
 
@@ -168,10 +168,16 @@ void fs_exec_shutdown(struct fs_executor *x);
  * FS_ERR_INVALID when P has no valid plan for its allocations. */
 int fs_exec_install(struct fs_executor *x, struct fs_profile *p);
 
-/* OFFLOAD_MODE=host_read, before the first fs_exec_install: fs_plan_host_read turns each plan
- * into one that keeps what fits resident and leaves the rest in host memory, read in place by
- * its kernels (never prefetched nor faulted in). */
-void fs_exec_set_host_read(struct fs_executor *x, bool on);
+/* OFFLOAD_MODE, in the order of its values in the configuration table:
+ *   PREFETCH   the plan's moves remap each allocation's VA between device and host memory;
+ *   HOST_READ  fs_plan_host_read turns each plan into one that keeps what fits resident and
+ *              leaves the rest in host memory, read in place by its kernels (never prefetched
+ *              nor faulted in);
+ *   REDIRECT   the plan's moves make and end device copies of allocations whose VAs stay mapped
+ *              to host memory, and launches are redirected to the copies (FS_PLAN_STAGED).
+ * Set before the first fs_exec_install. */
+enum fs_offload_mode { FS_OFFLOAD_PREFETCH, FS_OFFLOAD_HOST_READ, FS_OFFLOAD_REDIRECT };
+void fs_exec_set_offload_mode(struct fs_executor *x, enum fs_offload_mode mode);
 
 /* Stop following the plan (moves already queued are dropped); the program runs reactively. */
 void fs_exec_stop(struct fs_executor *x);

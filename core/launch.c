@@ -125,29 +125,37 @@ static const struct layout *get_layout(const void *func, bool *owned)
     return l;
 }
 
-/* Add the allocation holding ADDR, if any, to T (deduplicated). False when T is full. */
-static inline bool add_ref(struct fs_residency *res, struct fs_launch_ticket *t, uint64_t addr)
+/* Add the allocation holding ADDR, if any, to T (deduplicated); AT: where the word lies in
+ * parameter memory (NULL: an explicit address of a copy). False when T is full. */
+static inline bool add_ref(struct fs_residency *res, struct fs_launch_ticket *t, uint64_t addr,
+                           unsigned char *at)
 {
     struct fs_alloc *a = fs_res_lookup(res, addr);
     if (FS_LIKELY(!a))
         return true;
-    for (int i = 0; i < t->n; i++)
-        if (t->refs[i] == a)
-            return true;
-    if (t->n == FS_LAUNCH_MAX_REFS)
-        return false;
-    t->refs[t->n++] = a;
+    int i = 0;
+    while (i < t->n && t->refs[i] != a)
+        i++;
+    if (i == t->n) {
+        if (t->n == FS_LAUNCH_MAX_REFS)
+            return false;
+        t->refs[t->n++] = a;
+    }
+    if (at && t->nwords < FS_LAUNCH_MAX_WORDS)
+        t->words[t->nwords++] = (__typeof__(t->words[0])){at, addr, i};
+    else
+        t->fixed = true;
     return true;
 }
 
 static bool scan_words(struct fs_residency *res, struct fs_launch_ticket *t, const void *buf,
                        size_t size)
 {
-    const unsigned char *p = buf;
+    unsigned char *p = (unsigned char *)buf; /* the caller's; written only to redirect */
     for (size_t off = 0; off + 8 <= size; off += 8) {
         uint64_t w;
         memcpy(&w, p + off, sizeof(w));
-        if (!add_ref(res, t, w))
+        if (!add_ref(res, t, w, p + off))
             return false;
     }
     return true;
@@ -157,6 +165,8 @@ void fs_launch_scan(struct fs_residency *res, const struct fs_launch_desc *d,
                     struct fs_launch_ticket *t)
 {
     t->n = 0;
+    t->nwords = t->nrewritten = 0;
+    t->fixed = false;
     t->active = false;
     t->stream = d->stream;
     t->func = d->func;
@@ -166,7 +176,7 @@ void fs_launch_scan(struct fs_residency *res, const struct fs_launch_desc *d,
     bool readable = !d->unreadable;
     if (readable && d->ptrs)
         for (int i = 0; i < d->nptrs && readable; i++)
-            readable = add_ref(res, t, d->ptrs[i]);
+            readable = add_ref(res, t, d->ptrs[i], NULL);
     if (readable && d->param_buf)
         readable = scan_words(res, t, d->param_buf, d->param_buf_size);
     if (d->func) {
@@ -191,10 +201,33 @@ void fs_launch_scan(struct fs_residency *res, const struct fs_launch_desc *d,
         STAT(with_refs);
 }
 
+/* Point every word into a staged allocation at the same offset of its device copy. The holds
+ * keep each stage until fs_launch_exit. */
+static void redirect(struct fs_launch_ticket *t)
+{
+    for (int k = 0; k < t->nwords; k++) {
+        const struct fs_alloc *a = t->refs[t->words[k].ref];
+        fs_dptr stage = __atomic_load_n(&a->stage_va, __ATOMIC_ACQUIRE);
+        if (!stage)
+            continue;
+        /* Keep the words to restore first in the list. */
+        __typeof__(t->words[0]) w = t->words[k];
+        t->words[k] = t->words[t->nrewritten];
+        t->words[t->nrewritten++] = w;
+        uint64_t v = stage + (w.was - a->va);
+        memcpy(w.at, &v, sizeof(v));
+    }
+    __atomic_add_fetch(&lc.stats.rewritten, (uint64_t)t->nrewritten, __ATOMIC_RELAXED);
+}
+
 void fs_launch_hold(struct fs_residency *res, struct fs_launch_ticket *t)
 {
-    t->tick = fs_res_launch_begin(res, t->refs, t->n, t->stream, t->unknown);
+    bool redirect_now = false;
+    t->tick = fs_res_launch_begin(res, t->refs, t->n, t->stream, t->unknown,
+                                  t->fixed || !t->func, &redirect_now);
     t->active = true;
+    if (redirect_now)
+        redirect(t);
 }
 
 void fs_launch_enter(struct fs_residency *res, const struct fs_launch_desc *d,
@@ -208,6 +241,9 @@ void fs_launch_exit(struct fs_residency *res, struct fs_launch_ticket *t, bool q
 {
     if (!t->active)
         return;
+    for (int k = 0; k < t->nrewritten; k++)
+        memcpy(t->words[k].at, &t->words[k].was, sizeof(t->words[k].was));
+    t->nrewritten = 0;
     fs_res_launch_done(res, t->tick, t->stream, t->refs, t->n, queued, t->unknown);
     t->active = false;
 }
@@ -217,5 +253,6 @@ void fs_launch_get_stats(struct fs_launch_stats *out)
     out->launches = __atomic_load_n(&lc.stats.launches, __ATOMIC_RELAXED);
     out->with_refs = __atomic_load_n(&lc.stats.with_refs, __ATOMIC_RELAXED);
     out->unknown = __atomic_load_n(&lc.stats.unknown, __ATOMIC_RELAXED);
+    out->rewritten = __atomic_load_n(&lc.stats.rewritten, __ATOMIC_RELAXED);
     out->layout_queries = __atomic_load_n(&lc.stats.layout_queries, __ATOMIC_RELAXED);
 }

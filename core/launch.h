@@ -16,6 +16,9 @@
 
 /* References kept per launch; a launch with more distinct managed allocations is unknown. */
 #define FS_LAUNCH_MAX_REFS 256
+/* Parameter words pointing into managed allocations that one launch can have redirected
+ * (OFFLOAD_MODE=redirect); a launch with more is not redirected (its stages end first). */
+#define FS_LAUNCH_MAX_WORDS 512
 
 struct fs_launch_desc {
     const void *func;       /* kernel handle (layout cache key); NULL for copies */
@@ -44,12 +47,23 @@ struct fs_launch_ticket {
     int n;
     bool active; /* references were taken: fs_launch_exit must run */
     struct fs_alloc *refs[FS_LAUNCH_MAX_REFS];
+    /* Where the scan found each pointer into a managed allocation (in the caller's parameter
+     * memory), for redirection; FIXED: the launch cannot be redirected (a copy or memset, whose
+     * addresses are not parameter words, or more words than fit). */
+    bool fixed;
+    int nwords, nrewritten; /* words found; words rewritten (the first ones), to restore */
+    struct {
+        unsigned char *at;
+        uint64_t was;
+        int ref; /* index in refs */
+    } words[FS_LAUNCH_MAX_WORDS];
 };
 
 struct fs_launch_stats {
     uint64_t launches;       /* seen */
     uint64_t with_refs;      /* referencing at least one managed allocation */
     uint64_t unknown;        /* parameters could not be read */
+    uint64_t rewritten;      /* parameter words redirected to a staged allocation's copy */
     uint64_t layout_queries; /* driver queries (misses of the layout cache) */
 };
 
@@ -59,7 +73,10 @@ int fs_launch_init(struct fs_device *dev);
 void fs_launch_shutdown(void);
 
 /* Before the launch is queued: find the references (scan), then hold them, faulting in what is
- * evicted (hold). fs_launch_enter does both; the engine runs the plan between the two. */
+ * evicted, and redirect its pointers into staged allocations to their device copies (hold).
+ * fs_launch_enter does both; the engine runs the plan between the two. The redirection writes
+ * the launch's parameter memory (the caller's: the driver reads it when the launch is queued) and
+ * fs_launch_exit puts the original values back. */
 void fs_launch_scan(struct fs_residency *res, const struct fs_launch_desc *d,
                     struct fs_launch_ticket *t);
 void fs_launch_hold(struct fs_residency *res, struct fs_launch_ticket *t);

@@ -163,7 +163,7 @@ static int write_profile(struct replay *r, const struct fs_profile *p, char *err
 static int start_engine(struct replay *r, const struct fs_replay_config *cfg, char *err,
                         size_t errlen)
 {
-    char budget[64], profile[300], strategy[64];
+    char budget[64], profile[300], strategy[64], mode[64];
     snprintf(budget, sizeof(budget), "FLEXTENSOR_GPU_MEMORY_LIMIT=%llu",
              (unsigned long long)cfg->budget);
     snprintf(profile, sizeof(profile), "FLEXTENSOR_PROFILE=%s", r->path);
@@ -174,8 +174,10 @@ static int start_engine(struct replay *r, const struct fs_replay_config *cfg, ch
     int n = 6;
     if (cfg->strategy)
         envp[n++] = strategy;
-    if (cfg->host_read)
-        envp[n++] = "FLEXTENSOR_OFFLOAD_MODE=host_read";
+    snprintf(mode, sizeof(mode), "FLEXTENSOR_OFFLOAD_MODE=%s",
+             cfg->offload_mode ? cfg->offload_mode : "");
+    if (cfg->offload_mode)
+        envp[n++] = mode;
     envp[n] = NULL;
     fs_engine_teardown();
     fs_engine_use_device(r->dev);
@@ -307,11 +309,13 @@ static int run_iteration(struct replay *r, const struct fs_profile *p, char *err
             if (j < FS_SIM_MAX_KERNEL_PTRS)
                 sizes[j] = r->read_bytes[a];
         }
+        /* As a packed parameter buffer, so that OFFLOAD_MODE=redirect can rewrite it (copies,
+         * with no kernel, are never redirected). */
         struct fs_launch_desc d = {
             .func = r->kernel_of[i] >= 0 ? &r->keys[r->kernel_of[i]] : NULL,
             .stream = r->streams[stream_slot(l)],
-            .ptrs = ptrs,
-            .nptrs = n,
+            .param_buf = ptrs,
+            .param_buf_size = (size_t)n * sizeof(ptrs[0]),
         };
         struct fs_launch_ticket t;
         uint64_t t0 = fs_sim_now_ns(r->dev);

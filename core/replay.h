@@ -34,7 +34,7 @@ struct fs_replay_config {
     uint64_t budget;      /* GPU_MEMORY_LIMIT in bytes (at least 64 MiB) */
     const char *strategy; /* NULL: the profile's plan if made for BUDGET, else adaptive */
     int iterations;       /* run; the first two are warm-up */
-    bool host_read;       /* OFFLOAD_MODE=host_read */
+    const char *offload_mode; /* OFFLOAD_MODE's value (a valid one); NULL: the default */
     /* Optional: the last iteration as it ran on the simulated device, one event per kernel
      * (compute), copy in (H2D) and out (D2H) of an allocation, and stretch the program's thread
      * spent in the launch hook (wait), in microseconds from that iteration's start. Called from

@@ -233,9 +233,19 @@ static int unmap_at(struct fs_residency *res, const struct fs_alloc *a, enum fs_
     return rc;
 }
 
+/* A's stage address (0: none), counted in staged_live. Lock held. */
+static void set_stage(struct fs_residency *res, struct fs_alloc *a, fs_dptr stage_va)
+{
+    if ((LOAD(&a->stage_va) != 0) != (stage_va != 0))
+        __atomic_add_fetch(&res->staged_live, stage_va ? 1 : -1, __ATOMIC_ACQ_REL);
+    STORE(&a->stage_va, stage_va);
+}
+
 static void alloc_release_memory(struct fs_residency *res, struct fs_alloc *a)
 {
-    int rc = unmap_at(res, a, a->dev ? FS_LOC_DEVICE : FS_LOC_HOST);
+    bool on_host = !a->dev || LOAD(&a->state) == FS_RES_STAGED;
+    set_stage(res, a, 0);
+    int rc = unmap_at(res, a, on_host ? FS_LOC_HOST : FS_LOC_DEVICE);
     if (rc != FS_OK)
         FS_WARN("unmapping a freed allocation failed (%s)", fs_err_str(rc));
     fs_phys_pool_put(&res->dev_pool, a->dev);
@@ -419,25 +429,27 @@ static int fp_take(struct fs_residency *res, fs_dptr va, uint64_t size, fs_strea
     return FS_OK;
 }
 
-/* Make A's host block hold A's bytes, with its write-back finished: skipped when the device
- * bytes' fingerprint equals the one of the host copy (invariant 3's check), else copied, and the
- * fingerprint then describes the new host copy. The range is quiet. Lock held. */
+/* Make A's host block hold the bytes of its device block (mapped at A's VA, or A's stage), with
+ * the write-back finished: skipped when the device bytes' fingerprint equals the one of the host
+ * copy (invariant 3's check), else copied, and the fingerprint then describes the new host copy.
+ * The range is quiet. Lock held. */
 static int write_back(struct fs_residency *res, struct fs_alloc *a)
 {
+    fs_dptr src = a->dev->copy_va;
     struct fs_fp now;
-    bool known = a->fp_valid && fp_take(res, a->va, a->mapped, res->d2h, &now) == FS_OK;
+    bool known = a->fp_valid && fp_take(res, src, a->mapped, res->d2h, &now) == FS_OK;
     if (known && fs_fp_equal(now, a->fp)) {
         STAT(res, clean_evictions, 1);
         STAT(res, clean_bytes, a->mapped);
         return FS_OK;
     }
     a->fp_valid = false;
-    int rc = fs_block_copy(res->dev, a->host, a->va, a->mapped, true, res->d2h);
+    int rc = fs_block_copy(res->dev, a->host, src, a->mapped, true, res->d2h);
     if (rc != FS_OK)
         return rc;
     /* Not known yet: fingerprint what was just copied (it waits for the copy too). */
     if (!known)
-        known = fp_take(res, a->va, a->mapped, res->d2h, &now) == FS_OK;
+        known = fp_take(res, src, a->mapped, res->d2h, &now) == FS_OK;
     rc = fs_dev_call(res->dev, stream_sync, res->d2h);
     if (rc == FS_OK && known) {
         a->fp = now;
@@ -448,8 +460,39 @@ static int write_back(struct fs_residency *res, struct fs_alloc *a)
 
 /* ---- eviction and fault-in (lock held) ------------------------------------------------------ */
 
+/* End A's stage: once its last use is done, write its device copy back if it changed, and give
+ * the block back; launches then read A from host. */
+static int unstage_locked(struct fs_residency *res, struct fs_alloc *a)
+{
+    int rc = begin_move(a);
+    if (rc != FS_OK)
+        return rc;
+    fs_dptr stage_va = LOAD(&a->stage_va);
+    set_stage(res, a, 0);
+    rc = quiesce_on(res, a, NULL);
+    if (rc == FS_OK)
+        rc = write_back(res, a);
+    quiesce_end(res);
+    if (rc != FS_OK) {
+        set_stage(res, a, stage_va); /* the device copy may be the only current one */
+        STAT(res, failures, 1);
+        FS_WARN("ending the device copy of allocation %llu (%llu bytes) failed (%s); launches "
+                "keep using it", (unsigned long long)a->id, (unsigned long long)a->size,
+                fs_err_str(rc));
+        end_move(res, a, FS_RES_STAGED);
+        return rc;
+    }
+    fs_phys_pool_put(&res->dev_pool, a->dev);
+    a->dev = NULL;
+    STAT(res, stage_outs, 1);
+    end_move(res, a, FS_RES_HOST);
+    return FS_OK;
+}
+
 static int evict_locked(struct fs_residency *res, struct fs_alloc *a)
 {
+    if (LOAD(&a->state) == FS_RES_STAGED)
+        return unstage_locked(res, a);
     if (LOAD(&a->state) != FS_RES_DEVICE)
         return FS_ERR_INVALID;
     int rc = begin_move(a);
@@ -507,7 +550,8 @@ static struct fs_alloc *pick_victim(struct fs_residency *res, struct fs_alloc *c
     bool best_kept = false;
     for (int i = 0; i < res->nallocs; i++) {
         struct fs_alloc *a = res->allocs[i];
-        if (LOAD(&a->state) != FS_RES_DEVICE || LOAD(&a->inflight) != 0 ||
+        int state = LOAD(&a->state);
+        if ((state != FS_RES_DEVICE && state != FS_RES_STAGED) || LOAD(&a->inflight) != 0 ||
             in_list(a, keep, nkeep))
             continue;
         bool kept = plan_role(res, a) == FS_PLAN_KEPT;
@@ -561,11 +605,15 @@ static int make_room(struct fs_residency *res, uint64_t need, struct fs_alloc *c
     return FS_ERR_NOMEM;
 }
 
+/* Bring A onto the device: at its VA, or (STAGE) as a device copy its launches are redirected
+ * to, the VA still showing host memory. */
 static int fault_in_locked(struct fs_residency *res, struct fs_alloc *a,
-                           struct fs_alloc *const *keep, int nkeep)
+                           struct fs_alloc *const *keep, int nkeep, bool stage)
 {
     if (LOAD(&a->state) != FS_RES_HOST)
-        return LOAD(&a->state) == FS_RES_DEVICE ? FS_OK : FS_ERR_INVALID;
+        return LOAD(&a->state) == FS_RES_DEVICE || LOAD(&a->state) == FS_RES_STAGED
+                   ? FS_OK
+                   : FS_ERR_INVALID;
     bool grow;
     int rc = make_room(res, a->mapped, keep, nkeep, &grow);
     if (rc != FS_OK)
@@ -589,7 +637,7 @@ static int fault_in_locked(struct fs_residency *res, struct fs_alloc *a,
     } else if (rc == FS_OK) {
         rc = fs_dev_call(res->dev, stream_sync, res->h2d);
     }
-    if (rc == FS_OK)
+    if (rc == FS_OK && !stage)
         rc = remap(res, a, a->host, a->dev);
     quiesce_end(res);
     if (rc != FS_OK) {
@@ -604,7 +652,12 @@ static int fault_in_locked(struct fs_residency *res, struct fs_alloc *a,
     }
     /* Just brought in for a use to come: not the least recently used. */
     STORE(&a->lru_tick, LOAD(&res->tick));
-    end_move(res, a, FS_RES_DEVICE);
+    if (stage) {
+        set_stage(res, a, a->dev->copy_va);
+        STAT(res, stage_ins, 1);
+        STAT(res, staged_bytes, a->mapped);
+    }
+    end_move(res, a, stage ? FS_RES_STAGED : FS_RES_DEVICE);
     return FS_OK;
 }
 
@@ -761,30 +814,64 @@ static void leave_gate(struct fs_residency *res, bool unknown)
         __atomic_sub_fetch(&res->launches_inflight, 1, __ATOMIC_SEQ_CST);
 }
 
-uint64_t fs_res_launch_begin(struct fs_residency *res, struct fs_alloc *const *allocs, int n,
-                             fs_stream stream, bool unknown)
+/* An unknown launch may touch any allocation through its host mapping: end every stage first
+ * (not during a capture, where nothing may wait: the captured work reads host copies). */
+static void unstage_all(struct fs_residency *res, fs_stream stream)
 {
+    bool capturing = false;
+    if (fs_dev_call(res->dev, stream_capturing, stream, &capturing) != FS_OK || capturing)
+        return;
+    pthread_mutex_lock(&res->lock);
+    for (int i = 0; i < res->nallocs && LOAD(&res->staged_live) > 0; i++) {
+        struct fs_alloc *a = res->allocs[i];
+        if (LOAD(&a->state) == FS_RES_MOVING && LOAD(&a->stage_va) != 0) {
+            pthread_cond_wait(&res->moved, &res->lock);
+            i = -1; /* the list may have changed meanwhile */
+            continue;
+        }
+        if (LOAD(&a->state) != FS_RES_STAGED)
+            continue;
+        int rc;
+        while ((rc = unstage_locked(res, a)) == FS_ERR_NOT_READY)
+            sched_yield(); /* another launch being queued holds it */
+        if (rc == FS_OK)
+            STAT(res, unstage_syncs, 1);
+    }
+    pthread_mutex_unlock(&res->lock);
+}
+
+uint64_t fs_res_launch_begin(struct fs_residency *res, struct fs_alloc *const *allocs, int n,
+                             fs_stream stream, bool unknown, bool fixed, bool *redirect)
+{
+    bool redirected = false;
+    uint64_t tick = 0;
+    if (FS_UNLIKELY(unknown) && LOAD(&res->staged_live) > 0)
+        unstage_all(res, stream);
     enter_gate(res, unknown);
     if (n == 0)
-        return 0; /* most launches: nothing managed to hold, no shared counter to touch */
-    uint64_t tick = __atomic_add_fetch(&res->tick, 1, __ATOMIC_RELAXED);
+        goto out; /* most launches: nothing managed to hold, no shared counter to touch */
+    tick = __atomic_add_fetch(&res->tick, 1, __ATOMIC_RELAXED);
     uint64_t epoch = LOAD(&res->epoch);
-    bool slow = false;
+    bool slow = false, staged = false;
     for (int i = 0; i < n; i++) {
         struct fs_alloc *a = allocs[i];
         STORE(&a->lru_tick, tick);
         STORE(&a->touch_epoch, epoch);
         __atomic_add_fetch(&a->inflight, 1, __ATOMIC_SEQ_CST);
         int state = __atomic_load_n(&a->state, __ATOMIC_SEQ_CST);
-        if (state != FS_RES_DEVICE)
+        if (state == FS_RES_STAGED)
+            staged = true;
+        else if (state != FS_RES_DEVICE)
             slow = true;
     }
-    if (FS_LIKELY(!slow))
-        return tick;
-
     bool capturing = false;
-    if (fs_dev_call(res->dev, stream_capturing, stream, &capturing) != FS_OK)
-        capturing = true; /* cannot tell: do nothing that a capture forbids */
+    if (staged || slow)
+        if (fs_dev_call(res->dev, stream_capturing, stream, &capturing) != FS_OK)
+            capturing = true; /* cannot tell: do nothing that a capture forbids */
+    if (FS_LIKELY(!slow) && (!staged || (!fixed && !capturing))) {
+        redirected = staged;
+        goto counted;
+    }
 
     /* Slow path: drop the holds, move what is needed under the lock, take the holds again. */
     for (int i = 0; i < n; i++)
@@ -796,9 +883,11 @@ uint64_t fs_res_launch_begin(struct fs_residency *res, struct fs_alloc *const *a
      * under the lock, so once a pass ends without waiting nothing in the list is moving. */
     for (int i = 0; i < n; i++) {
         struct fs_alloc *a = allocs[i];
-        /* Arriving: its VA shows the block its copy fills, the launch will wait for the copy
-         * on its stream (below). A capture must not depend on work outside it: wait here. */
-        bool arriving = LOAD(&a->state) == FS_RES_MOVING && LOAD(&a->arriving) && !capturing;
+        /* Arriving: its VA (or its stage) shows the block its copy fills, the launch will wait
+         * for the copy on its stream (below). A capture must not depend on work outside it, and
+         * a launch that cannot be redirected must not see a stage begin: wait here. */
+        bool arriving = LOAD(&a->state) == FS_RES_MOVING && LOAD(&a->arriving) && !capturing &&
+                        !(fixed && LOAD(&a->stage_va) != 0);
         if ((LOAD(&a->state) == FS_RES_MOVING && !arriving) ||
             (gated(res, unknown) && __atomic_load_n(&res->gate, __ATOMIC_SEQ_CST) != 0)) {
             if (LOAD(&a->state) == FS_RES_MOVING)
@@ -808,11 +897,24 @@ uint64_t fs_res_launch_begin(struct fs_residency *res, struct fs_alloc *const *a
             i = -1;
             continue;
         }
-        if (LOAD(&a->state) == FS_RES_HOST && !capturing && plan_role(res, a) != FS_PLAN_HOST &&
-            fault_in_locked(res, a, allocs, n) == FS_OK) {
+        /* A copy or memset reads or writes the VA itself: end the stage, so that it touches
+         * the only copy. It waits for the stage's last use (another launch may hold it). */
+        if (LOAD(&a->state) == FS_RES_STAGED && fixed && !capturing) {
+            int rc;
+            while ((rc = unstage_locked(res, a)) == FS_ERR_NOT_READY)
+                sched_yield();
+            if (rc == FS_OK)
+                STAT(res, unstage_syncs, 1);
+        }
+        int role = plan_role(res, a);
+        if (LOAD(&a->state) == FS_RES_HOST && !capturing && role != FS_PLAN_HOST &&
+            role != FS_PLAN_STAGED && fault_in_locked(res, a, allocs, n, false) == FS_OK) {
             STAT(res, faults, 1);
             STAT(res, faulted_bytes, a->mapped);
-        } else if (LOAD(&a->state) == FS_RES_HOST) {
+        } else if (LOAD(&a->state) == FS_RES_HOST ||
+                   (LOAD(&a->state) == FS_RES_STAGED && (fixed || capturing))) {
+            /* It may write the host copy: the next stage fingerprints it again. */
+            a->fp_valid = false;
             STAT(res, host_served, 1);
         }
     }
@@ -830,9 +932,18 @@ uint64_t fs_res_launch_begin(struct fs_residency *res, struct fs_alloc *const *a
      * pass above, and closed only under the lock), so these holds need no handshake. */
     if (gated(res, unknown))
         __atomic_add_fetch(&res->launches_inflight, 1, __ATOMIC_SEQ_CST);
-    for (int i = 0; i < n; i++)
+    for (int i = 0; i < n; i++) {
         __atomic_add_fetch(&allocs[i]->inflight, 1, __ATOMIC_SEQ_CST);
+        if (LOAD(&allocs[i]->stage_va) != 0 && !fixed && !capturing)
+            redirected = true;
+    }
     pthread_mutex_unlock(&res->lock);
+counted:
+    if (redirected) /* also on the fast path, without the lock */
+        __atomic_add_fetch(&res->stats.redirected, 1, __ATOMIC_RELAXED);
+out:
+    if (redirect)
+        *redirect = redirected;
     return tick;
 }
 
@@ -887,19 +998,21 @@ static void move_queue_fp(struct fs_residency *res, struct fs_res_move *m, fs_dp
                    fs_dev_call(res->dev, fingerprint, va, m->a->mapped, stream, m->parts) == FS_OK;
 }
 
-/* Eviction: compare fingerprints first when the host copy has one, else copy right away. */
+/* Eviction: compare fingerprints first when the host copy has one, else copy right away (from
+ * the device block: A's VA shows host memory when A is staged). */
 static int move_begin_evict(struct fs_residency *res, struct fs_res_move *m)
 {
     struct fs_alloc *a = m->a;
+    fs_dptr src = a->dev->copy_va;
     if (a->fp_valid && res->fp_parts &&
-        fs_dev_call(res->dev, fingerprint, a->va, a->mapped, res->d2h, m->parts) == FS_OK) {
+        fs_dev_call(res->dev, fingerprint, src, a->mapped, res->d2h, m->parts) == FS_OK) {
         m->comparing = true;
         return FS_OK;
     }
     a->fp_valid = false;
-    int rc = fs_block_copy(res->dev, a->host, a->va, a->mapped, true, res->d2h);
+    int rc = fs_block_copy(res->dev, a->host, src, a->mapped, true, res->d2h);
     if (rc == FS_OK)
-        move_queue_fp(res, m, a->va, res->d2h);
+        move_queue_fp(res, m, src, res->d2h);
     return rc;
 }
 
@@ -916,7 +1029,7 @@ int fs_res_move_begin(struct fs_residency *res, uint64_t id, bool evict, struct 
         rc = FS_ERR_NOT_FOUND;
     } else if (LOAD(&a->state) == FS_RES_MOVING) {
         rc = FS_ERR_NOT_READY;
-    } else if (LOAD(&a->state) == (evict ? FS_RES_HOST : FS_RES_DEVICE)) {
+    } else if (evict ? LOAD(&a->state) == FS_RES_HOST : LOAD(&a->state) != FS_RES_HOST) {
         rc = FS_RES_NOTHING;
     }
     if (rc != FS_OK)
@@ -925,6 +1038,8 @@ int fs_res_move_begin(struct fs_residency *res, uint64_t id, bool evict, struct 
     m->evict = evict;
     m->comparing = m->fp_queued = m->fp_known = m->mapped_early = m->released = false;
     m->clean = false;
+    /* A stage begins for the plan's staged allocations and ends for staged ones. */
+    m->staged = evict ? LOAD(&a->state) == FS_RES_STAGED : plan_role(res, a) == FS_PLAN_STAGED;
     m->failed_rc = FS_OK;
     m->block = NULL;
     m->t_begin_ns = fs_now_ns();
@@ -949,9 +1064,14 @@ int fs_res_move_begin(struct fs_residency *res, uint64_t id, bool evict, struct 
         if (rc != FS_OK)
             goto out;
     }
+    int was = LOAD(&a->state);
     rc = begin_move(a);
     if (rc != FS_OK)
         goto undo_block;
+    /* No launch holds A now: new ones wait for the move, and read the host copy after it. */
+    fs_dptr stage_va = LOAD(&a->stage_va);
+    if (evict)
+        set_stage(res, a, 0);
     /* The gate stays closed until the move ends (for unknown launches only: none so far). */
     rc = quiesce_on(res, a, evict ? res->d2h : res->h2d);
     bool queued = rc == FS_OK; /* from here on, work may be queued on our stream */
@@ -961,13 +1081,25 @@ int fs_res_move_begin(struct fs_residency *res, uint64_t id, bool evict, struct 
         } else {
             /* Block to block, not from A's VA: the VA may be remapped while this runs. */
             rc = fs_block_copy(res->dev, m->block, a->host->copy_va, a->mapped, true, res->h2d);
-            if (rc == FS_OK)
+            /* A stage keeps the host copy's fingerprint while no launch may have written it
+             * (host_served clears it); else the copy is fingerprinted. */
+            if (rc == FS_OK && !(m->staged && a->fp_valid))
                 move_queue_fp(res, m, m->block->copy_va, res->h2d);
         }
     }
     if (rc == FS_OK)
         rc = fs_dev_call(res->dev, event_record, m->ev, evict ? res->d2h : res->h2d);
+    if (rc == FS_OK && m->staged && !evict) {
+        /* Launches are redirected to the block at once and wait for its copy on their streams,
+         * as for a prefetch mapped early; nothing to remap. */
+        m->mapped_early = true;
+        a->arrive_ev = m->ev;
+        STORE(&a->arriving, true);
+        set_stage(res, a, m->block->copy_va);
+        pthread_cond_broadcast(&res->moved);
+    }
     if (rc != FS_OK) {
+        set_stage(res, a, stage_va);
         /* Queued work may still write the block: wait for it before giving the block back;
          * if even that fails, the block is never reused. */
         if (queued && fs_dev_call(res->dev, stream_sync, evict ? res->d2h : res->h2d) != FS_OK &&
@@ -977,7 +1109,7 @@ int fs_res_move_begin(struct fs_residency *res, uint64_t id, bool evict, struct 
             m->block = NULL;
         }
         quiesce_end(res);
-        end_move(res, a, evict ? FS_RES_DEVICE : FS_RES_HOST);
+        end_move(res, a, was);
         if (rc != FS_ERR_NOT_READY) { /* NOT_READY: a capture is running, try again later */
             STAT(res, failures, 1);
             FS_WARN("%s allocation %llu (%llu bytes) failed (%s)",
@@ -1050,7 +1182,9 @@ static void move_failed(struct fs_residency *res, struct fs_res_move *m, int rc)
     FS_WARN("%s allocation %llu (%llu bytes) failed (%s); it stays where it was",
             m->evict ? "evicting" : "prefetching", (unsigned long long)a->id,
             (unsigned long long)a->size, fs_err_str(rc));
-    end_move(res, a, m->evict ? FS_RES_DEVICE : FS_RES_HOST);
+    /* A stage that did not end keeps its device copy (maybe the only current one). */
+    set_stage(res, a, m->evict && m->staged ? a->dev->copy_va : 0);
+    end_move(res, a, !m->evict ? FS_RES_HOST : m->staged ? FS_RES_STAGED : FS_RES_DEVICE);
 }
 
 /* A's VA is unmapped and its data is in its host block, which could not be mapped there: bring
@@ -1108,7 +1242,7 @@ static int move_copy_done(struct fs_residency *res, struct fs_res_move *m, bool 
         if (m->clean)
             return FS_OK;
         a->fp_valid = false;
-        rc = fs_block_copy(res->dev, a->host, a->va, a->mapped, true, res->d2h);
+        rc = fs_block_copy(res->dev, a->host, a->dev->copy_va, a->mapped, true, res->d2h);
         if (rc == FS_OK)
             rc = fs_dev_call(res->dev, event_record, m->ev, res->d2h);
         return rc == FS_OK ? move_wait(res, m, wait) : rc;
@@ -1128,8 +1262,9 @@ int fs_res_move_release(struct fs_residency *res, struct fs_res_move *m, bool wa
     int rc = move_copy_done(res, m, wait);
     if (rc == FS_ERR_NOT_READY)
         return rc;
-    /* The copy is done and the range quiet since its last use: unmap without the lock. */
-    if (rc == FS_OK)
+    /* The copy is done and the range quiet since its last use: unmap without the lock (a stage
+     * has nothing mapped at the VA). */
+    if (rc == FS_OK && !m->staged)
         rc = unmap_at(res, a, FS_LOC_DEVICE);
     pthread_mutex_lock(&res->lock);
     if (rc != FS_OK) { /* still mapped on the device, the data there */
@@ -1157,7 +1292,7 @@ int fs_res_move_release(struct fs_residency *res, struct fs_res_move *m, bool wa
 static int move_map_host(struct fs_residency *res, struct fs_res_move *m)
 {
     struct fs_alloc *a = m->a;
-    int rc = map_at(res, a, a->host);
+    int rc = m->staged ? FS_OK : map_at(res, a, a->host); /* a stage's VA shows host already */
     int undo = rc == FS_OK ? FS_OK : evict_undo(res, a, rc);
     pthread_mutex_lock(&res->lock);
     quiesce_end(res);
@@ -1168,8 +1303,12 @@ static int move_map_host(struct fs_residency *res, struct fs_res_move *m)
             a->fp = m->fp;
             a->fp_valid = true;
         }
-        STAT(res, evictions, 1);
-        STAT(res, evicted_bytes, a->mapped);
+        if (m->staged) {
+            STAT(res, stage_outs, 1);
+        } else {
+            STAT(res, evictions, 1);
+            STAT(res, evicted_bytes, a->mapped);
+        }
         if (m->clean) {
             STAT(res, clean_evictions, 1);
             STAT(res, clean_bytes, a->mapped);
@@ -1204,7 +1343,7 @@ int fs_res_move_end(struct fs_residency *res, struct fs_res_move *m, bool wait)
         FS_ERROR("prefetching allocation %llu failed after its VA showed the device block (%s); "
                  "launches queued since read undefined data", (unsigned long long)a->id,
                  fs_err_str(rc));
-        if (remap(res, a, m->block, a->host) != FS_OK)
+        if (!m->staged && remap(res, a, m->block, a->host) != FS_OK)
             FS_ERROR("allocation %llu could not be mapped back to host memory",
                      (unsigned long long)a->id);
     }
@@ -1216,12 +1355,19 @@ int fs_res_move_end(struct fs_residency *res, struct fs_res_move *m, bool wait)
         if (m->fp_known)
             STAT(res, fingerprints, 1);
         a->dev = m->block;
-        a->fp = m->fp;
-        a->fp_valid = m->fp_known;
+        if (m->fp_known || !m->staged) { /* a stage may keep the host copy's fingerprint */
+            a->fp = m->fp;
+            a->fp_valid = m->fp_known;
+        }
         STORE(&a->lru_tick, LOAD(&res->tick)); /* brought in for a use to come */
-        STAT(res, prefetches, 1);
-        STAT(res, prefetched_bytes, a->mapped);
-        end_move(res, a, FS_RES_DEVICE);
+        if (m->staged) {
+            STAT(res, stage_ins, 1);
+            STAT(res, staged_bytes, a->mapped);
+        } else {
+            STAT(res, prefetches, 1);
+            STAT(res, prefetched_bytes, a->mapped);
+        }
+        end_move(res, a, m->staged ? FS_RES_STAGED : FS_RES_DEVICE);
     } else {
         move_failed(res, m, rc);
     }
@@ -1240,8 +1386,9 @@ int fs_res_prefetch_id(struct fs_residency *res, uint64_t id)
     }
     int rc = FS_ERR_NOT_FOUND;
     if (a) {
-        bool moves = LOAD(&a->state) == FS_RES_HOST;
-        rc = fault_in_locked(res, a, NULL, 0);
+        bool stage = plan_role(res, a) == FS_PLAN_STAGED;
+        bool moves = LOAD(&a->state) == FS_RES_HOST && !stage; /* a stage counts itself */
+        rc = fault_in_locked(res, a, NULL, 0, stage);
         if (rc == FS_OK && moves) {
             STAT(res, prefetches, 1);
             STAT(res, prefetched_bytes, a->mapped);

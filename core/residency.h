@@ -39,6 +39,8 @@ enum fs_res_state {
     FS_RES_DEVICE = 0,    /* mapped to device memory */
     FS_RES_HOST = 1,      /* mapped to pinned host memory */
     FS_RES_MOVING = 2,    /* being remapped: launches wait on the residency lock */
+    FS_RES_STAGED = 3,    /* mapped to pinned host memory, with a copy in DEV that launches'
+                           * pointers are redirected to (OFFLOAD_MODE=redirect) */
 };
 
 /* A reference-counted event: the last use of several allocations can share one. */
@@ -71,6 +73,10 @@ struct fs_alloc {
      * under the lock) */
     bool arriving;
     fs_event arrive_ev;
+    /* OFFLOAD_MODE=redirect: while A has a device copy that launches use instead of its VA, the
+     * copy's address (DEV's copy_va); 0 otherwise (atomic; set and cleared under the lock, and
+     * cleared only while no launch holds A) */
+    fs_dptr stage_va;
 };
 
 struct fs_res_stats {
@@ -90,6 +96,10 @@ struct fs_res_stats {
     uint64_t early_maps;              /* prefetches mapped at their VA before the copy landed */
     uint64_t ordered_waits;           /* launches that waited for such a copy on their stream */
     uint64_t failures;                /* internal failures that fell back (logged) */
+    /* OFFLOAD_MODE=redirect: device copies made and ended, their bytes, launches whose pointers
+     * were redirected to them, and stages ended on the program's thread for a launch that could
+     * not be redirected (a copy, a memset, an unreadable launch) */
+    uint64_t stage_ins, stage_outs, staged_bytes, redirected, unstage_syncs;
     /* Remaps by kind, [FS_REMAP_MAP or FS_REMAP_UNMAP][enum fs_mem_loc]: calls, host time spent
      * in them and bytes (atomic: some are made without the lock) */
     uint64_t remaps[2][2], remap_ns[2][2], remap_bytes[2][2];
@@ -118,6 +128,7 @@ struct fs_residency {
     int pressure;           /* record last-use events (atomic); set at the first eviction */
     uint64_t *fp_parts;     /* fingerprint results (device-writable host memory); NULL: off */
     int evictions_inflight; /* asynchronous evictions begun, not ended (lock) */
+    int staged_live;        /* allocations with a stage_va (atomic; changes under the lock) */
     uint8_t *plan_role;     /* by allocation id: enum fs_plan_role (lock) */
     int nplan_role;
     pthread_mutex_t ev_lock; /* guards free_events only */
@@ -156,11 +167,13 @@ static inline struct fs_alloc *fs_res_lookup(const struct fs_residency *res, uin
     return a && addr < a->va + a->size ? a : NULL;
 }
 
-/* On the device, or arriving (its VA shows the device block its copy fills): a launch needs
- * no wait on the host for it, only on its stream for the copy (fs_res_launch_begin). */
+/* On the device, staged, or arriving (its VA, or its stage, shows the device block its copy
+ * fills): a launch needs no wait on the host for it, only on its stream for the copy
+ * (fs_res_launch_begin). */
 static inline bool fs_res_on_device(const struct fs_alloc *a)
 {
-    return __atomic_load_n(&a->state, __ATOMIC_ACQUIRE) == FS_RES_DEVICE ||
+    int state = __atomic_load_n(&a->state, __ATOMIC_ACQUIRE);
+    return state == FS_RES_DEVICE || state == FS_RES_STAGED ||
            __atomic_load_n(&a->arriving, __ATOMIC_ACQUIRE);
 }
 
@@ -179,8 +192,13 @@ int fs_res_evict_id(struct fs_residency *res, uint64_t id);
  *                   fault it in and evict another;
  *   FS_PLAN_HOST    served from host memory (OFFLOAD_MODE=host_read): a launch that references
  *                   it while it is on host reads it there over the link, never faults it in.
+ *   FS_PLAN_STAGED  moved by the plan without remapping (OFFLOAD_MODE=redirect): its VA stays
+ *                   mapped to host memory; a prefetch copies it into a device block and the
+ *                   pointers of launches that reference it are redirected to that copy until
+ *                   the plan's eviction (which writes it back if it changed); a launch that
+ *                   finds no copy reads it from host, never faults it in.
  * Takes ROLE (malloc'd; freed with the next call or fs_res_destroy); NULL forgets them. */
-enum fs_plan_role { FS_PLAN_MOVED, FS_PLAN_KEPT, FS_PLAN_HOST };
+enum fs_plan_role { FS_PLAN_MOVED, FS_PLAN_KEPT, FS_PLAN_HOST, FS_PLAN_STAGED };
 void fs_res_set_plan_roles(struct fs_residency *res, uint8_t *role, int n);
 
 /* Pin host blocks of these SIZES (granularity multiples) into the pool in the background, ahead
@@ -220,6 +238,7 @@ struct fs_res_move {
     bool released;         /* eviction: its device memory is back in the pool */
     int failed_rc;         /* eviction: why its release failed (the move is over), or FS_OK */
     bool clean;            /* eviction: the fingerprint showed the data unchanged (no copy) */
+    bool staged;           /* a stage's begin or end (FS_PLAN_STAGED): nothing is remapped */
     struct fs_fp fp;
     struct fs_block *block; /* prefetch: the device block being filled */
     uint64_t t_begin_ns;
@@ -258,9 +277,14 @@ static inline void fs_res_expect_moves(struct fs_residency *res)
  * queued, bringing evicted ones onto the device first (on-demand fault-in; while STREAM is
  * capturing nothing may synchronize or remap, so they are used where they are). Returns the
  * launch's tick for fs_res_launch_done. Never fails: what cannot be made resident is read from
- * host memory (counted). */
+ * host memory (counted).
+ * Staged allocations: *REDIRECT (optional) says whether the caller must redirect the launch's
+ * pointers into staged allocations to their stage_va (held, so it stays until the launch is
+ * done). A launch that cannot be redirected (FIXED: a copy, a memset, too many pointers; or an
+ * unknown one) first ends the stages it may touch, so that it reads and writes the only copy;
+ * one queued into a graph capture reads the host copy (nothing may wait during a capture). */
 uint64_t fs_res_launch_begin(struct fs_residency *res, struct fs_alloc *const *allocs, int n,
-                             fs_stream stream, bool unknown);
+                             fs_stream stream, bool unknown, bool fixed, bool *redirect);
 
 /* After the launch was queued on STREAM (QUEUED false: the driver refused it): record its
  * last-use event under pressure, note an unknown launch (the next remap synchronizes first) and

@@ -67,6 +67,12 @@ char *fs_timing_report(const struct fs_engine_stats *s, const char *device, bool
         (unsigned long long)r->evictions, (double)r->evicted_bytes / GIB,
         (unsigned long long)r->clean_evictions, (unsigned long long)r->faults,
         (double)r->faulted_bytes / GIB, (unsigned long long)r->host_served);
+    if (r->stage_ins > 0)
+        add(&t, "redirect: %llu device copies (%.2f GiB), %llu ended, %llu launches redirected, "
+                "%llu copies ended early\n",
+            (unsigned long long)r->stage_ins, (double)r->staged_bytes / GIB,
+            (unsigned long long)r->stage_outs, (unsigned long long)r->redirected,
+            (unsigned long long)r->unstage_syncs);
     if (planning) {
         const struct fs_exec_stats *x = &s->exec;
         add(&t, "plan: %llu launches followed (place found %llu times), %llu late references "

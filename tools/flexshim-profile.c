@@ -28,6 +28,7 @@
 #include "fs.h"
 #include "profile.h"
 #include "record.h"
+#include "executor.h"
 #include "replay.h"
 #include "strategies/strategy.h"
 
@@ -177,7 +178,7 @@ static const struct opt_def opt_defs[] = {
     {OPT_STRATEGY, "--strategy", NULL, "a strategy name"},
     {OPT_OUT, "--output", "-o", "a file name"},
     {OPT_REPLAY, "--replay", NULL, "a number of iterations, 3 to 1000"},
-    {OPT_OFFLOAD, "--offload-mode", NULL, "prefetch or host_read"},
+    {OPT_OFFLOAD, "--offload-mode", NULL, "prefetch, host_read or redirect"},
 };
 
 static void accepted_options(unsigned allowed, char *buf, size_t len)
@@ -824,7 +825,7 @@ static int show_run(int argc, char **argv)
 static void simulate_help(FILE *out)
 {
     fputs("usage: flexshim-profile simulate FILE --budget SIZE[,SIZE...] [--strategy NAME|all]\n"
-          "                         [--replay N [--offload-mode prefetch|host_read]]\n"
+          "                         [--replay N [--offload-mode prefetch|host_read|redirect]]\n"
           "\n"
           "Plans the profile FILE for each budget with each strategy and evaluates every plan with\n"
           "the timeline model the strategies share. This is an analytic model of the planned\n"
@@ -844,10 +845,11 @@ static void simulate_help(FILE *out)
           "                           four, in that order)\n"
           "  --replay N               also replay each plan for N iterations (3 to 1000; the first\n"
           "                           two are warm-up) and add the column replay ms\n"
-          "  --offload-mode MODE      the replay's FLEXTENSOR_OFFLOAD_MODE: prefetch (the default)\n"
-          "                           or host_read (offloaded allocations read in place by their\n"
-          "                           kernels at about 36 GB/s, as measured on the H200; the\n"
-          "                           timeline model's columns stay those of the prefetch plan)\n"
+          "  --offload-mode MODE      the replay's FLEXTENSOR_OFFLOAD_MODE: prefetch (the default),\n"
+          "                           host_read (offloaded allocations read in place by their\n"
+          "                           kernels at about 36 GB/s, as measured on the H200) or\n"
+          "                           redirect (device copies, no remaps); the timeline model's\n"
+          "                           columns stay those of the prefetch plan\n"
           "\n"
           "One row per budget and strategy:\n"
           "  predicted ms   the step time of one iteration under the plan\n"
@@ -915,10 +917,11 @@ static int parse_replay(const char *cmd, const char *text, int *out)
 /* The plan of STRATEGY for BYTES replayed on the simulated device: R's median iteration time
  * (0: failed, said why on stderr) and what its launches waited for. */
 static void replay_row(const char *cmd, const struct fs_profile *p, uint64_t bytes,
-                       const char *strategy, int iterations, bool host_read, struct sim_row *r)
+                       const char *strategy, int iterations, const char *offload_mode,
+                       struct sim_row *r)
 {
     struct fs_replay_config rc = {.budget = bytes, .strategy = strategy, .iterations = iterations,
-                                  .host_read = host_read};
+                                  .offload_mode = offload_mode};
     struct fs_replay_result res;
     char err[512] = "";
     r->replay_us = 0;
@@ -947,13 +950,14 @@ static int simulate_run(int argc, char **argv)
     int replay_iters = 0;
     if (a.replay && (rc = parse_replay(c->name, a.replay, &replay_iters)) >= 0)
         return rc;
-    bool host_read = a.offload && !strcmp(a.offload, "host_read");
-    if (a.offload && !host_read && strcmp(a.offload, "prefetch"))
-        return usage_error(c->name, "--offload-mode '%s' is not a mode; use prefetch or host_read",
+    struct fs_value mode;
+    char why[256];
+    if (a.offload && fs_config_parse(FS_P_OFFLOAD_MODE, a.offload, &mode, why, sizeof(why)) != FS_OK)
+        return usage_error(c->name, "--offload-mode '%s': %s", a.offload, why);
+    if (a.offload && mode.u != FS_OFFLOAD_PREFETCH && !a.replay)
+        return usage_error(c->name, "--offload-mode %s needs --replay N: the timeline model "
+                                    "plans prefetches only, the replay runs the other modes",
                            a.offload);
-    if (host_read && !a.replay)
-        return usage_error(c->name, "--offload-mode host_read needs --replay N: the timeline "
-                                    "model has no host reads, only the replay runs them");
     const struct fs_strategy *strat[FS_MAX_STRATEGIES + 1];
     if ((rc = pick_strategies(c->name, a.strategy, true, strat)) >= 0)
         return rc;
@@ -1004,7 +1008,7 @@ static int simulate_run(int argc, char **argv)
                 r->limit_us = limit_us(&p, r->moved);
                 fs_plan_free(&plan);
                 if (replay_iters)
-                    replay_row(c->name, &p, bytes, strat[s]->name, replay_iters, host_read, r);
+                    replay_row(c->name, &p, bytes, strat[s]->name, replay_iters, a.offload, r);
             } else if (r->rc != FS_ERR_NOMEM) {
                 error(c->name, "profile %s: strategy %s failed at budget %s (%s)", a.file,
                       strat[s]->name, r->budget, fs_err_str(r->rc));

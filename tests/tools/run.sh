@@ -131,10 +131,13 @@ expect_rc "simulate --offload-mode host_read: exits 0" 0 $rc "$tmp/e"
 expect "simulate --offload-mode host_read: nothing late, nothing faulted in" "$tmp/o" '^128 MiB +knapsack +0\.0 late +0\.0 unplanned +0\.0 fault-ins +0\.0 ordered'
 run "$tmp/o" "$tmp/e" simulate "$SMALL" --budget 128MiB --offload-mode host_read
 expect_rc "simulate --offload-mode host_read without --replay exits 2" 2 $rc "$tmp/e"
-expect "simulate --offload-mode host_read without --replay says why" "$tmp/e" 'needs --replay N: the timeline model has no host reads'
+expect "simulate --offload-mode host_read without --replay says why" "$tmp/e" 'host_read needs --replay N: the timeline model plans prefetches only'
+run "$tmp/o" "$tmp/e" simulate "$SMALL" --budget 128MiB --strategy knapsack --replay 6 --offload-mode redirect
+expect_rc "simulate --offload-mode redirect: exits 0" 0 $rc "$tmp/e"
+expect "simulate --offload-mode redirect: nothing unplanned, nothing faulted in" "$tmp/o" '^128 MiB +knapsack +[0-9.]+ late +0\.0 unplanned +0\.0 fault-ins'
 run "$tmp/o" "$tmp/e" simulate "$SMALL" --budget 128MiB --replay 4 --offload-mode sideways
 expect_rc "simulate --offload-mode sideways exits 2" 2 $rc "$tmp/e"
-expect "simulate --offload-mode sideways names the modes" "$tmp/e" "'sideways' is not a mode; use prefetch or host_read"
+expect "simulate --offload-mode sideways names the modes" "$tmp/e" "--offload-mode 'sideways': unknown choice; use one of prefetch, host_read, redirect"
 run "$tmp/o" "$tmp/e" simulate "$SMALL" --budget 40MiB --strategy greedy --replay 4
 expect "simulate --replay: an infeasible plan has no replay" "$tmp/o" '^40 MiB +greedy +infeasible( +-){5}$'
 

@@ -649,6 +649,41 @@ static void test_host_read_mode(void **state)
     unlink(path);
 }
 
+/* OFFLOAD_MODE=redirect: the plan's moves make and end device copies instead of remapping; the
+ * layer kernels read their marks through redirected parameters (exact data), every iteration
+ * stages weights in and out, and once the first placement is done nothing is remapped. */
+static void test_redirect_mode(void **state)
+{
+    (void)state;
+    char path[64];
+    fresh_path(path, sizeof(path));
+    record_profile(path, "FLEXTENSOR_GPU_MEMORY_LIMIT=64MiB");
+    uint64_t w[L], act;
+    struct fs_device *dev = start_from_profile(path, "FLEXTENSOR_OFFLOAD_MODE=redirect", w, &act);
+    assert_int_equal(run_program(dev, w, L, act, 3), 0);
+    struct fs_engine_stats s0, s1;
+    fs_engine_get_stats(&s0);
+    enum { ITERS = 10 };
+    assert_int_equal(run_program(dev, w, L, act, ITERS), 0);
+    fs_engine_get_stats(&s1);
+    assert_int_equal(s1.exec.plans, 1);
+    assert_int_equal(s1.exec.departures, 0);
+    assert_int_equal(s1.exec.unplanned, 0);
+    /* 68 MiB under 64: at least one weight is staged in and out in every iteration. */
+    assert_true(s1.res.stage_ins - s0.res.stage_ins >= ITERS);
+    assert_true(s1.res.stage_outs - s0.res.stage_outs >= ITERS - 1);
+    assert_true(s1.res.redirected - s0.res.redirected >= ITERS);
+    assert_true(s1.launch.rewritten - s0.launch.rewritten >= ITERS);
+    for (int op = 0; op < 2; op++)
+        for (int loc = 0; loc < 2; loc++)
+            assert_int_equal(s1.res.remaps[op][loc], s0.res.remaps[op][loc]);
+    assert_int_equal(s1.res.faults, s0.res.faults);
+    assert_int_equal(s1.res.unstage_syncs, 0);
+    assert_true(s1.res.device_bytes_peak <= 64 * MIB);
+    stop(dev);
+    unlink(path);
+}
+
 /* TIMING_REPORT: at exit a file with every remap kind (calls matching the counters), the moves and
  * the plan's waits; '-' writes the same lines to the log; an unwritable path is one warning that
  * names the setting. */
@@ -811,6 +846,7 @@ int main(void)
         cmocka_unit_test(test_run_trace),
         cmocka_unit_test(test_plan_headroom),
         cmocka_unit_test(test_host_read_mode),
+        cmocka_unit_test(test_redirect_mode),
         cmocka_unit_test(test_timing_report),
         cmocka_unit_test(test_plan_tolerates_an_extra_launch),
         cmocka_unit_test(test_plan_given_up_and_made_again),

@@ -73,7 +73,9 @@ static void add_one(void *ctx, void *const *ptrs, int nptrs)
         p[i] += 1;
 }
 
-/* The program launches kernel FN over the first NPTRS allocations of PTRS (as parameters). */
+/* The program launches kernel FN over the first NPTRS allocations of PTRS (as parameters). The
+ * kernel runs on the addresses its parameters hold once the launch is entered (redirected ones,
+ * for staged allocations); the exit puts the program's values back. */
 static void launch(struct env *e, const fs_dptr *ptrs, const uint64_t *sizes, int nptrs,
                    uint64_t duration_ns, fs_sim_kernel_fn fn, void *ctx)
 {
@@ -86,9 +88,14 @@ static void launch(struct env *e, const fs_dptr *ptrs, const uint64_t *sizes, in
     struct fs_launch_desc d = {.func = KERNEL, .stream = e->stream, .kernel_params = argv};
     struct fs_launch_ticket t;
     fs_launch_enter(&e->res, &d, &t);
-    assert_int_equal(fs_sim_launch(e->dev, e->stream, duration_ns, ptrs, sizes, nptrs, fn, ctx),
+    fs_dptr used[4];
+    for (int i = 0; i < nptrs; i++)
+        used[i] = params[i] - 64;
+    assert_int_equal(fs_sim_launch(e->dev, e->stream, duration_ns, used, sizes, nptrs, fn, ctx),
                      FS_OK);
     fs_launch_exit(&e->res, &t, true);
+    for (int i = 0; i < nptrs; i++)
+        assert_int_equal(params[i], ptrs[i] + 64);
 }
 
 static void fill(struct env *e, fs_dptr va, uint64_t size, uint32_t seed)
@@ -825,6 +832,94 @@ static void test_plan_host_role_is_read_in_place(void **state)
     env_close(&e);
 }
 
+static uint64_t remaps_of(const struct fs_res_stats *s)
+{
+    return s->remaps[0][0] + s->remaps[0][1] + s->remaps[1][0] + s->remaps[1][1];
+}
+
+/* Begin and end one stage move of allocation ID (EVICT: its end). */
+static void stage_move(struct env *e, uint64_t id, bool evict, struct fs_res_move *m)
+{
+    assert_int_equal(fs_res_move_begin(&e->res, id, evict, m), FS_OK);
+    assert_true(m->staged);
+    assert_int_equal(fs_res_move_end(&e->res, m, true), FS_OK);
+}
+
+/* OFFLOAD_MODE=redirect: a staged allocation's VA stays mapped to host memory; a prefetch makes a
+ * device copy and launches that reference it run on the copy (their parameters redirected while
+ * they are queued, put back after), waiting for its copy on their stream; the end of the stage
+ * writes a changed copy back, skips an unchanged one, and nothing is remapped. A copy or memset
+ * (which cannot be redirected) first ends the stage, so it touches the current data. */
+static void test_stage_redirects_launches_and_writes_back(void **state)
+{
+    (void)state;
+    struct env e;
+    env_open(&e, 64 * MIB, false);
+    fs_dptr v;
+    uint64_t sz = 16 * MIB;
+    struct kctx k = {.words = (uint32_t)(sz / 4)};
+    alloc_filled(&e, &v, 1, sz);
+    struct fs_alloc *A = fs_res_lookup(&e.res, v);
+    static const uint8_t roles[1] = {FS_PLAN_STAGED};
+    fs_res_set_plan_roles(&e.res, kept(roles, 1), 1);
+    assert_int_equal(fs_res_evict_id(&e.res, A->id), FS_OK);
+    struct fs_res_stats s0, s1, s2;
+    struct fs_sim_stats st0, st1;
+    fs_res_get_stats(&e.res, &s0);
+    struct fs_res_move m = {0};
+    move_init(&e, &m);
+
+    /* Stage in; a launch queued before the copy landed runs on the copy, after it. */
+    assert_int_equal(fs_res_move_begin(&e.res, A->id, false, &m), FS_OK);
+    assert_true(m.staged);
+    assert_true(A->stage_va != 0 && A->arriving);
+    launch(&e, &v, &sz, 1, 1000, add_one, &k);
+    assert_int_equal(fs_res_move_end(&e.res, &m, true), FS_OK);
+    assert_int_equal(A->state, FS_RES_STAGED);
+    launch(&e, &v, &sz, 1, 1000, add_one, &k); /* the fast path redirects too */
+    assert_int_equal(fs_dev_call(e.dev, ctx_sync), FS_OK);
+    assert_int_equal(where(&e, v), FS_LOC_HOST);
+    check(&e, v, sz, 0, 0);           /* the host copy did not change */
+    check(&e, A->stage_va, sz, 0, 2); /* both kernels ran on the device copy */
+    /* Stage out: the changed copy is written back. */
+    stage_move(&e, A->id, true, &m);
+    assert_int_equal(A->state, FS_RES_HOST);
+    assert_int_equal(A->stage_va, 0);
+    check(&e, v, sz, 0, 2);
+    fs_res_get_stats(&e.res, &s1);
+    assert_int_equal(s1.stage_ins, s0.stage_ins + 1);
+    assert_int_equal(s1.stage_outs, s0.stage_outs + 1);
+    assert_int_equal(s1.redirected, s0.redirected + 2);
+    assert_int_equal(s1.clean_evictions, s0.clean_evictions);
+
+    /* An unchanged copy goes back without a copy over the link. */
+    fs_sim_get_stats(e.dev, &st0);
+    stage_move(&e, A->id, false, &m);
+    stage_move(&e, A->id, true, &m);
+    fs_sim_get_stats(e.dev, &st1);
+    fs_res_get_stats(&e.res, &s2);
+    assert_int_equal(s2.clean_evictions, s1.clean_evictions + 1);
+    assert_int_equal(st1.bytes_d2h, st0.bytes_d2h);
+
+    /* A copy referencing the staged allocation ends the stage first (writing back the kernel's
+     * change), and is not redirected. */
+    stage_move(&e, A->id, false, &m);
+    launch(&e, &v, &sz, 1, 1000, add_one, &k);
+    uint64_t addr = v + 64;
+    struct fs_launch_desc copy = {.stream = e.stream, .ptrs = &addr, .nptrs = 1};
+    struct fs_launch_ticket t;
+    fs_launch_enter(&e.res, &copy, &t);
+    assert_int_equal(A->state, FS_RES_HOST);
+    assert_int_equal(A->stage_va, 0);
+    fs_launch_exit(&e.res, &t, true);
+    check(&e, v, sz, 0, 3);
+    fs_res_get_stats(&e.res, &s2);
+    assert_int_equal(s2.unstage_syncs, s1.unstage_syncs + 1);
+    assert_int_equal(remaps_of(&s2), remaps_of(&s0)); /* no remap since the first eviction */
+    move_fini(&e, &m);
+    env_close(&e);
+}
+
 /* Write-back is skipped only for data proven unchanged: evicting data that nothing touched since
  * the fault-in copies nothing back; a kernel's change, a host write through the VA or a single
  * changed word anywhere makes the next eviction copy, and the data read afterwards is the new one.
@@ -1032,6 +1127,7 @@ int main(void)
         cmocka_unit_test(test_eviction_host_map_failure_keeps_data),
         cmocka_unit_test(test_plan_kept_allocations_are_evicted_last),
         cmocka_unit_test(test_plan_host_role_is_read_in_place),
+        cmocka_unit_test(test_stage_redirects_launches_and_writes_back),
         cmocka_unit_test(test_clean_eviction_skips_write_back),
         cmocka_unit_test(test_write_back_always_without_fingerprints),
         cmocka_unit_test(test_stress_strict),
