@@ -7,6 +7,8 @@
 #   record   flexshim-profile record -o prof-B.json -- llama_test.py run (discovery, profiling,
 #            planning, then the plan runs for the rest of the run)
 #   plan     LD_PRELOAD + FLEXTENSOR_PROFILE=prof-B.json: discovery and profiling skipped
+#   redirect the same with FLEXTENSOR_OFFLOAD_MODE=redirect (device copies, launches' pointers
+#            rewritten to them, no remaps)
 #   simulate flexshim-profile simulate prof-B.json --budget B --strategy all --replay 8 (the
 #            predictions: the timeline model, and the plan replayed on the simulated device)
 # plus one unshimmed reference and one reactive run (no profile) at the smallest budget. Every run
@@ -105,6 +107,13 @@ for B in $BUDGETS; do
     say "  $(grep -h "plan: [0-9]* installed" "$W/shim-plan-$B.log" | sed 's/.*info: //')"
     say "  $(grep -h "residency:" "$W/shim-plan-$B.log" | sed 's/.*info: //')"
     say "  $(grep -h "launches:" "$W/shim-plan-$B.log" | sed 's/.*info: //')"
+    # shellcheck disable=SC2046
+    llama "redirect-$B" $(shim_env "redirect-$B" "${B}MiB" FLEXTENSOR_PROFILE="$P" \
+        FLEXTENSOR_OFFLOAD_MODE=redirect)
+    shim_lines "redirect-$B"
+    say "redirect $B MiB: $(times "redirect-$B"); outputs $(compare "redirect-$B" | tail -1)"
+    say "  $(grep -h "redirect:" "$W/shim-redirect-$B.log" | sed 's/.*info: //')"
+    say "  $(grep -h "remaps:" "$W/shim-redirect-$B.log" | sed 's/.*info: //')"
     "$TOOL" simulate "$P" --budget "${B}MiB" --strategy all --replay 8 2>/dev/null | tee -a "$SUM"
 done
 
