@@ -58,7 +58,11 @@ static void warn_inactive_settings(const struct fs_config *cfg)
 {
     static const enum fs_param_id with_profile[] = {FS_P_STRATEGY, FS_P_DISCOVERY_ITERS,
                                                     FS_P_PROFILING_ITERS, FS_P_ITERATION_KERNEL,
-                                                    FS_P_PLAN_HEADROOM, FS_P_OFFLOAD_MODE};
+                                                    FS_P_PLAN_HEADROOM, FS_P_OFFLOAD_MODE,
+                                                    FS_P_LATE_PREFETCH};
+    if (cfg->v[FS_P_LATE_PREFETCH].src != FS_SRC_DEFAULT &&
+        fs_config_u64(cfg, FS_P_OFFLOAD_MODE) != FS_OFFLOAD_REDIRECT)
+        FS_WARN("FLEXTENSOR_LATE_PREFETCH is set but acts only with FLEXTENSOR_OFFLOAD_MODE=redirect");
     if (fs_config_str(cfg, FS_P_PROFILE_OUT)[0] || fs_config_str(cfg, FS_P_PROFILE)[0])
         return;
     for (size_t i = 0; i < FS_ARRAY_LEN(with_profile); i++)
@@ -256,7 +260,8 @@ static int start_planning(const struct fs_config *cfg, uint64_t limit)
     if (rc != FS_OK)
         return rc;
     fs_exec_set_offload_mode(&eng.exec,
-                             (enum fs_offload_mode)fs_config_u64(cfg, FS_P_OFFLOAD_MODE));
+                             (enum fs_offload_mode)fs_config_u64(cfg, FS_P_OFFLOAD_MODE),
+                             fs_config_u64(cfg, FS_P_LATE_PREFETCH) == 1);
     struct fs_profile p = {0};
     bool loaded = in[0] && load_profile(cfg, in, budget, &p);
     char strategy[32];
@@ -651,10 +656,12 @@ void fs_engine_shutdown(void)
     if (s.res.stage_ins > 0 || s.res.redirected > 0)
         FS_INFO("redirect: %llu device copies made (%llu bytes), %llu ended; %llu launches "
                 "redirected to them (%llu parameter words); %llu copies ended early for a launch "
-                "that could not be redirected",
+                "that could not be redirected; %llu late references read in place (their copies "
+                "dropped)",
                 (unsigned long long)s.res.stage_ins, (unsigned long long)s.res.staged_bytes,
                 (unsigned long long)s.res.stage_outs, (unsigned long long)s.res.redirected,
-                (unsigned long long)s.launch.rewritten, (unsigned long long)s.res.unstage_syncs);
+                (unsigned long long)s.launch.rewritten, (unsigned long long)s.res.unstage_syncs,
+                (unsigned long long)s.exec.read_in_place);
     if (eng.planning)
         stop_and_log_plan(&s);
     log_remaps(&s.res);

@@ -27,8 +27,8 @@ static void job_done(struct fs_executor *x, const struct fs_exec_job *job, int r
 {
     /* A job of a plan since replaced counts for nothing in the new plan's tables. */
     if (!job->evict && job->gen == x->q_gen && job->id < (uint64_t)x->prof.nallocs &&
-        x->pending[job->id] > 0)
-        x->pending[job->id]--;
+        x->pf[job->id].pending > 0)
+        x->pf[job->id].pending--;
     pthread_cond_broadcast(&x->done);
     if (rc == FS_ERR_NOT_READY)
         x->stats.evict_busy++;
@@ -36,7 +36,14 @@ static void job_done(struct fs_executor *x, const struct fs_exec_job *job, int r
         x->stats.move_failures++;
 }
 
-/* The next job (lock held): the one held back first, then the queue's head. */
+/* Of this plan, a prefetch (lock held)? */
+static bool current_prefetch(const struct fs_executor *x, const struct fs_exec_job *job)
+{
+    return !job->evict && job->gen == x->q_gen && job->id < (uint64_t)x->prof.nallocs;
+}
+
+/* The next job (lock held): the one held back first, then the queue's head, leaving out the
+ * prefetches a launch dropped. */
 static bool next_job(struct fs_executor *x, struct fs_exec_job *job)
 {
     if (x->has_held) {
@@ -45,11 +52,38 @@ static bool next_job(struct fs_executor *x, struct fs_exec_job *job)
         fs_rt_span(FS_RT_HELD, job->id, 0, x->held_ns, fs_now_ns());
         return true;
     }
-    if (x->q_len == 0)
+    while (x->q_len > 0) {
+        *job = x->q[x->q_head];
+        x->q_head = (x->q_head + 1) % x->q_cap;
+        x->q_len--;
+        if (!current_prefetch(x, job))
+            return true;
+        struct fs_exec_prefetches *c = &x->pf[job->id];
+        c->queued--;
+        if (c->drop == 0)
+            return true;
+        c->drop--;
+        job_done(x, job, FS_RES_NOTHING);
+    }
+    return false;
+}
+
+/* A launch reads allocation ID in place instead of waiting for its prefetch, which has not begun
+ * (lock held): drop the prefetch held back for room, or mark one queued to be dropped. False when
+ * it was taken already (it is being begun: wait for it). */
+static bool drop_prefetch(struct fs_executor *x, uint64_t id)
+{
+    if (x->has_held && x->held.id == id && current_prefetch(x, &x->held)) {
+        x->has_held = false;
+        fs_rt_span(FS_RT_HELD, id, 0, x->held_ns, fs_now_ns());
+        job_done(x, &x->held, FS_RES_NOTHING);
+        pthread_cond_signal(&x->wake);
+        return true;
+    }
+    struct fs_exec_prefetches *c = &x->pf[id];
+    if (c->queued <= c->drop)
         return false;
-    *job = x->q[x->q_head];
-    x->q_head = (x->q_head + 1) % x->q_cap;
-    x->q_len--;
+    c->drop++;
     return true;
 }
 
@@ -326,8 +360,10 @@ static void queue_move(struct fs_executor *x, uint64_t id, bool evict)
     }
     x->q[(x->q_head + x->q_len) % x->q_cap] = (struct fs_exec_job){id, evict, x->q_gen};
     x->q_len++;
-    if (!evict && id < (uint64_t)x->prof.nallocs)
-        x->pending[id]++;
+    if (!evict && id < (uint64_t)x->prof.nallocs) {
+        x->pf[id].pending++;
+        x->pf[id].queued++;
+    }
     if (evict)
         x->stats.evictions++;
     else
@@ -413,8 +449,9 @@ static void free_plan(struct fs_executor *x)
     free(x->tab_key);
     free(x->tab_pos);
     free(x->q);
-    free(x->pending);
-    x->pf_start = x->pf_ids = x->ev_start = x->ev_ids = x->tab_pos = x->pending = NULL;
+    free(x->pf);
+    x->pf = NULL;
+    x->pf_start = x->pf_ids = x->ev_start = x->ev_ids = x->tab_pos = NULL;
     x->tab_key = NULL;
     x->q = NULL;
     x->q_cap = x->q_len = x->q_head = 0;
@@ -565,8 +602,8 @@ int fs_exec_install(struct fs_executor *x, struct fs_profile *p)
         /* Every planned move of one iteration plus a full re-placement fit at once. */
         staged.q_cap = 4 * (size_t)sp->nallocs + 1024;
         staged.q = malloc(staged.q_cap * sizeof(*staged.q));
-        staged.pending = calloc((size_t)sp->nallocs + 1, sizeof(int));
-        if (!staged.q || !staged.pending)
+        staged.pf = calloc((size_t)sp->nallocs + 1, sizeof(*staged.pf));
+        if (!staged.q || !staged.pf)
             rc = FS_ERR_NOMEM;
     }
     if (rc != FS_OK) {
@@ -595,7 +632,7 @@ int fs_exec_install(struct fs_executor *x, struct fs_profile *p)
     x->tab_mask = staged.tab_mask;
     x->q = staged.q;
     x->q_cap = staged.q_cap;
-    x->pending = staged.pending;
+    x->pf = staged.pf;
     x->synced = x->ever_synced = false;
     x->ring_len = x->ring_head = 0;
     x->roll = 0;
@@ -619,14 +656,16 @@ static void stop_locked(struct fs_executor *x)
     x->q_len = 0;
     x->has_held = false;
     x->q_gen++;
-    if (x->pending)
-        memset(x->pending, 0, (size_t)x->prof.nallocs * sizeof(int));
+    if (x->pf)
+        memset(x->pf, 0, (size_t)x->prof.nallocs * sizeof(*x->pf));
     pthread_cond_broadcast(&x->done); /* nobody waits for a dropped prefetch */
 }
 
-void fs_exec_set_offload_mode(struct fs_executor *x, enum fs_offload_mode mode)
+void fs_exec_set_offload_mode(struct fs_executor *x, enum fs_offload_mode mode,
+                              bool late_in_place)
 {
     x->mode = mode;
+    x->late_in_place = late_in_place && mode == FS_OFFLOAD_REDIRECT;
 }
 
 void fs_exec_stop(struct fs_executor *x)
@@ -814,10 +853,14 @@ void fs_exec_launch_enter(struct fs_executor *x, struct fs_launch_ticket *t)
             continue;
         }
         x->stats.late++;
+        if (x->late_in_place && drop_prefetch(x, a->id)) {
+            x->stats.read_in_place++; /* the residency serves it from host */
+            continue;
+        }
         uint64_t t0 = fs_now_ns();
         /* The plan may be replaced while this waits: check the bound again each time. */
         while (fs_exec_running(x) && a->id < (uint64_t)x->prof.nallocs &&
-               x->pending[a->id] > 0 && !fs_res_on_device(a))
+               x->pf[a->id].pending > 0 && !fs_res_on_device(a))
             pthread_cond_wait(&x->done, &x->lock);
         uint64_t t1 = fs_now_ns();
         x->stats.late_wait_ns += t1 - t0;

@@ -68,6 +68,7 @@ struct fs_exec_stats {
     uint64_t late_wait_ns;     /* time the launching threads spent waiting for late prefetches */
     uint64_t unplanned;        /* references to allocations the plan had on host there */
     uint64_t evict_busy;       /* evictions skipped: a launch held the allocation */
+    uint64_t read_in_place;    /* late references read from host, their prefetch dropped */
     uint64_t move_failures;    /* moves that failed (the residency engine said why) */
     uint64_t dropped;          /* moves not queued: queue full */
     uint64_t overlapped;       /* moves run asynchronously (the others: one at a time) */
@@ -79,6 +80,13 @@ struct fs_exec_job {
     uint64_t id;
     bool evict;
     uint64_t gen; /* the queue generation (q_gen) it was queued in */
+};
+
+/* Per profile allocation: its prefetches queued or running (PENDING), of those the ones still in
+ * the queue (QUEUED), and how many of these the mover drops when it takes them (DROP: a launch
+ * read the allocation in place instead of waiting, fs_exec_set_offload_mode). */
+struct fs_exec_prefetches {
+    int pending, queued, drop;
 };
 
 struct fs_executor;
@@ -135,7 +143,7 @@ struct fs_executor {
     pthread_cond_t wake, done; /* jobs queued; the queue drained */
     struct fs_exec_job *q;
     size_t q_cap, q_head, q_len;
-    int *pending;            /* per profile allocation: its prefetches queued or running */
+    struct fs_exec_prefetches *pf; /* per profile allocation */
     struct fs_exec_slot slots[FS_EXEC_MOVES_INFLIGHT];
     int nslots;              /* slots with an event and a fingerprint buffer (0: one at a time) */
     int inflight;            /* busy slots (mover thread only) */
@@ -154,6 +162,7 @@ struct fs_executor {
     struct fs_exec_finisher fin[FS_EXEC_FINISHERS];
     uint64_t q_gen;          /* changes whenever the queue is emptied or replaced */
     int mode;                /* enum fs_offload_mode (fs_exec_set_offload_mode) */
+    bool late_in_place;      /* LATE_PREFETCH=read_in_place (fs_exec_set_offload_mode) */
     struct fs_exec_stats stats;
 };
 
@@ -177,7 +186,11 @@ int fs_exec_install(struct fs_executor *x, struct fs_profile *p);
  *              to host memory, and launches are redirected to the copies (FS_PLAN_STAGED).
  * Set before the first fs_exec_install. */
 enum fs_offload_mode { FS_OFFLOAD_PREFETCH, FS_OFFLOAD_HOST_READ, FS_OFFLOAD_REDIRECT };
-void fs_exec_set_offload_mode(struct fs_executor *x, enum fs_offload_mode mode);
+/* LATE_IN_PLACE (redirect mode only): a launch that finds a staged allocation's prefetch not begun
+ * yet (still queued, or held back for room) reads the allocation from host memory instead of
+ * waiting, and that prefetch is dropped; a prefetch already begun is waited for as always. */
+void fs_exec_set_offload_mode(struct fs_executor *x, enum fs_offload_mode mode,
+                              bool late_in_place);
 
 /* Stop following the plan (moves already queued are dropped); the program runs reactively. */
 void fs_exec_stop(struct fs_executor *x);

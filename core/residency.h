@@ -21,6 +21,11 @@
  * Eviction writes the device bytes back to host unless their fingerprint (fingerprint.h) equals
  * the one taken when host and device copies last agreed (after a fault-in or a write-back): the
  * check invariant 3 asks of the shortcut. WRITEBACK=always turns the shortcut off.
+ * Staging (OFFLOAD_MODE=redirect, plan role FS_PLAN_STAGED) moves without remapping: the VA stays
+ * mapped to host memory, a prefetch fills a device block (FS_RES_STAGED: stage_va is its address)
+ * and launches that reference the allocation have their pointers redirected to it (launch.h); the
+ * stage's end is an eviction without the remaps. A launch that cannot be redirected ends the stage
+ * first, so the VA's bytes are the current ones whenever such a launch touches them.
  *
  * All state changes happen under one mutex; the launch hot path (launch.c) only reads atomics. */
 #ifndef FS_RESIDENCY_H

@@ -434,25 +434,31 @@ static void record_profile(const char *path, const char *budget_env)
 }
 
 /* A fresh engine on a new simulated device, started from the saved profile PATH (64 MiB,
- * tracked remaps, and EXTRA if given; with LOG, the log at level info into that file), with the
- * program's allocations made. */
-static struct fs_device *start_logged(const char *path, char *extra, const char *log, uint64_t *w,
-                                      uint64_t *act)
+ * tracked remaps, and EXTRA if given: settings separated by spaces; with LOG, the log at level
+ * info into that file), with the program's allocations made. */
+static struct fs_device *start_logged(const char *path, const char *extra, const char *log,
+                                      uint64_t *w, uint64_t *act)
 {
-    static char in_env[128], level_env[64], log_env[128];
+    static char in_env[128], level_env[64], log_env[128], extra_env[256];
     struct fs_device *dev = open_sim();
     register_kernels(dev);
     snprintf(in_env, sizeof(in_env), "FLEXTENSOR_PROFILE=%s", path);
     snprintf(level_env, sizeof(level_env), "FLEXTENSOR_LOG_LEVEL=%s", log ? "info" : "warn");
     snprintf(log_env, sizeof(log_env), "FLEXTENSOR_LOG_FILE=%s", log ? log : "");
-    char *envp[] = {"FLEXTENSOR_CONFIG=", "FLEXTENSOR_GPU_MEMORY_LIMIT=64MiB", MIN_OFFLOAD,
-                    "FLEXTENSOR_REMAP_SAFETY=tracked", in_env, level_env, log_env, extra, NULL};
+    char *envp[12] = {"FLEXTENSOR_CONFIG=", "FLEXTENSOR_GPU_MEMORY_LIMIT=64MiB", MIN_OFFLOAD,
+                      "FLEXTENSOR_REMAP_SAFETY=tracked", in_env, level_env, log_env};
+    int n = 7;
+    snprintf(extra_env, sizeof(extra_env), "%s", extra ? extra : "");
+    for (char *save, *tok = strtok_r(extra_env, " ", &save); tok && n < 11;
+         tok = strtok_r(NULL, " ", &save))
+        envp[n++] = tok;
+    envp[n] = NULL;
     start(dev, envp);
     alloc_program(dev, w, L, act, 2 * MIB);
     return dev;
 }
 
-static struct fs_device *start_from_profile(const char *path, char *extra, uint64_t *w,
+static struct fs_device *start_from_profile(const char *path, const char *extra, uint64_t *w,
                                             uint64_t *act)
 {
     return start_logged(path, extra, NULL, w, act);
@@ -684,6 +690,39 @@ static void test_redirect_mode(void **state)
     unlink(path);
 }
 
+/* LATE_PREFETCH=read_in_place: a launch that finds a staged weight's copy not begun reads it from
+ * host memory instead of waiting, and that copy is dropped (never begun later); the data stays
+ * exact and nothing waits for a late copy that had not begun. */
+static void test_redirect_late_reads_in_place(void **state)
+{
+    (void)state;
+    char path[64];
+    fresh_path(path, sizeof(path));
+    record_profile(path, "FLEXTENSOR_GPU_MEMORY_LIMIT=64MiB");
+    struct fs_engine_stats s[2];
+    for (int in_place = 0; in_place < 2; in_place++) {
+        uint64_t w[L], act;
+        struct fs_device *dev = start_from_profile(
+            path,
+            in_place ? "FLEXTENSOR_OFFLOAD_MODE=redirect FLEXTENSOR_LATE_PREFETCH=read_in_place"
+                     : "FLEXTENSOR_OFFLOAD_MODE=redirect",
+            w, &act);
+        assert_int_equal(run_program(dev, w, L, act, 12), 0); /* exact data either way */
+        fs_engine_get_stats(&s[in_place]);
+        stop(dev);
+    }
+    /* Waiting: late copies are waited for, none is dropped. */
+    assert_true(s[0].exec.late > 0 && s[0].exec.late_wait_ns > 0);
+    assert_int_equal(s[0].exec.read_in_place, 0);
+    /* In place: late references whose copies had not begun are served from host, and those
+     * copies are never made (the same plan made every copy while waiting). */
+    assert_true(s[1].exec.read_in_place > 0);
+    assert_true(s[1].res.host_served >= s[1].exec.read_in_place);
+    uint64_t made = s[1].res.stage_ins + s[1].exec.read_in_place;
+    assert_true(made + 2 >= s[0].res.stage_ins && made <= s[0].res.stage_ins + 2);
+    unlink(path);
+}
+
 /* TIMING_REPORT: at exit a file with every remap kind (calls matching the counters), the moves and
  * the plan's waits; '-' writes the same lines to the log; an unwritable path is one warning that
  * names the setting. */
@@ -847,6 +886,7 @@ int main(void)
         cmocka_unit_test(test_plan_headroom),
         cmocka_unit_test(test_host_read_mode),
         cmocka_unit_test(test_redirect_mode),
+        cmocka_unit_test(test_redirect_late_reads_in_place),
         cmocka_unit_test(test_timing_report),
         cmocka_unit_test(test_plan_tolerates_an_extra_launch),
         cmocka_unit_test(test_plan_given_up_and_made_again),
