@@ -421,7 +421,7 @@ def add_system_notes(row, d):
     if d.get("system") in SHIM_SYSTEMS and d.get("mode") not in (None, "from-profile"):
         row["notes"].append(d["mode"])
     env = d.get("shim_env") if isinstance(d.get("shim_env"), dict) else {}
-    for key in ("FLEXTENSOR_OFFLOAD_MODE", "FLEXTENSOR_PLAN_HEADROOM"):
+    for key in ("FLEXTENSOR_OFFLOAD_MODE", "FLEXTENSOR_PLAN_HEADROOM", "FLEXTENSOR_LATE_PREFETCH"):
         if d.get("system") in SHIM_SYSTEMS and env.get(key):
             row["notes"].insert(0, f"{key[len('FLEXTENSOR_'):]}={env[key]}")
     if d.get("system") in SHIM_SYSTEMS and d.get("shim_loaded") is False and not d.get("fake"):
