@@ -920,6 +920,42 @@ static void test_stage_redirects_launches_and_writes_back(void **state)
     env_close(&e);
 }
 
+/* The synchronous stage (strict mode, or the mover's fallback): fs_res_prefetch_id of a staged
+ * allocation makes its device copy without remapping, a launch runs on the copy, and
+ * fs_res_evict_id ends the stage with the write-back of the change. */
+static void test_stage_synchronous_moves(void **state)
+{
+    (void)state;
+    struct env e;
+    env_open(&e, 64 * MIB, true);
+    fs_dptr v;
+    uint64_t sz = 16 * MIB;
+    struct kctx k = {.words = (uint32_t)(sz / 4)};
+    alloc_filled(&e, &v, 1, sz);
+    struct fs_alloc *A = fs_res_lookup(&e.res, v);
+    static const uint8_t roles[1] = {FS_PLAN_STAGED};
+    fs_res_set_plan_roles(&e.res, kept(roles, 1), 1);
+    assert_int_equal(fs_res_evict_id(&e.res, A->id), FS_OK);
+    struct fs_res_stats s0, s1;
+    fs_res_get_stats(&e.res, &s0);
+    assert_int_equal(fs_res_prefetch_id(&e.res, A->id), FS_OK);
+    assert_int_equal(A->state, FS_RES_STAGED);
+    assert_int_equal(where(&e, v), FS_LOC_HOST);
+    launch(&e, &v, &sz, 1, 1000, add_one, &k);
+    assert_int_equal(fs_dev_call(e.dev, ctx_sync), FS_OK);
+    check(&e, v, sz, 0, 0);
+    check(&e, A->stage_va, sz, 0, 1);
+    assert_int_equal(fs_res_evict_id(&e.res, A->id), FS_OK);
+    assert_int_equal(A->state, FS_RES_HOST);
+    check(&e, v, sz, 0, 1);
+    fs_res_get_stats(&e.res, &s1);
+    assert_int_equal(s1.stage_ins, s0.stage_ins + 1);
+    assert_int_equal(s1.stage_outs, s0.stage_outs + 1);
+    assert_int_equal(s1.redirected, s0.redirected + 1);
+    assert_int_equal(remaps_of(&s1), remaps_of(&s0));
+    env_close(&e);
+}
+
 /* Write-back is skipped only for data proven unchanged: evicting data that nothing touched since
  * the fault-in copies nothing back; a kernel's change, a host write through the VA or a single
  * changed word anywhere makes the next eviction copy, and the data read afterwards is the new one.
@@ -1128,6 +1164,7 @@ int main(void)
         cmocka_unit_test(test_plan_kept_allocations_are_evicted_last),
         cmocka_unit_test(test_plan_host_role_is_read_in_place),
         cmocka_unit_test(test_stage_redirects_launches_and_writes_back),
+        cmocka_unit_test(test_stage_synchronous_moves),
         cmocka_unit_test(test_clean_eviction_skips_write_back),
         cmocka_unit_test(test_write_back_always_without_fingerprints),
         cmocka_unit_test(test_stress_strict),
