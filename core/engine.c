@@ -656,8 +656,8 @@ void fs_engine_shutdown(void)
     if (s.res.stage_ins > 0 || s.res.redirected > 0)
         FS_INFO("redirect: %llu device copies made (%llu bytes), %llu ended; %llu launches "
                 "redirected to them (%llu parameter words); %llu copies ended early for a launch "
-                "that could not be redirected; %llu late references read in place (their copies "
-                "dropped)",
+                "that could not be redirected; %llu copies dropped for late references read in "
+                "place",
                 (unsigned long long)s.res.stage_ins, (unsigned long long)s.res.staged_bytes,
                 (unsigned long long)s.res.stage_outs, (unsigned long long)s.res.redirected,
                 (unsigned long long)s.launch.rewritten, (unsigned long long)s.res.unstage_syncs,

@@ -68,22 +68,27 @@ static bool next_job(struct fs_executor *x, struct fs_exec_job *job)
     return false;
 }
 
-/* A launch reads allocation ID in place instead of waiting for its prefetch, which has not begun
- * (lock held): drop the prefetch held back for room, or mark one queued to be dropped. False when
- * it was taken already (it is being begun: wait for it). */
+/* May a late launch read allocation ID in place rather than wait for its prefetch (lock held)?
+ * Yes when no prefetch of it is being begun: the one held back for room is dropped, or one still
+ * queued is marked to be dropped (if one is left unmarked). No when the mover has taken one and
+ * not yet begun it: wait for that. */
 static bool drop_prefetch(struct fs_executor *x, uint64_t id)
 {
     if (x->has_held && x->held.id == id && current_prefetch(x, &x->held)) {
         x->has_held = false;
         fs_rt_span(FS_RT_HELD, id, 0, x->held_ns, fs_now_ns());
         job_done(x, &x->held, FS_RES_NOTHING);
+        x->stats.read_in_place++;
         pthread_cond_signal(&x->wake);
         return true;
     }
     struct fs_exec_prefetches *c = &x->pf[id];
-    if (c->queued <= c->drop)
+    if (c->pending > c->queued)
         return false;
-    c->drop++;
+    if (c->queued > c->drop) {
+        c->drop++;
+        x->stats.read_in_place++;
+    }
     return true;
 }
 
@@ -853,10 +858,8 @@ void fs_exec_launch_enter(struct fs_executor *x, struct fs_launch_ticket *t)
             continue;
         }
         x->stats.late++;
-        if (x->late_in_place && drop_prefetch(x, a->id)) {
-            x->stats.read_in_place++; /* the residency serves it from host */
-            continue;
-        }
+        if (x->late_in_place && drop_prefetch(x, a->id))
+            continue; /* the residency serves it from host */
         uint64_t t0 = fs_now_ns();
         /* The plan may be replaced while this waits: check the bound again each time. */
         while (fs_exec_running(x) && a->id < (uint64_t)x->prof.nallocs &&

@@ -68,7 +68,7 @@ struct fs_exec_stats {
     uint64_t late_wait_ns;     /* time the launching threads spent waiting for late prefetches */
     uint64_t unplanned;        /* references to allocations the plan had on host there */
     uint64_t evict_busy;       /* evictions skipped: a launch held the allocation */
-    uint64_t read_in_place;    /* late references read from host, their prefetch dropped */
+    uint64_t read_in_place;    /* prefetches dropped: a late reference read it from host */
     uint64_t move_failures;    /* moves that failed (the residency engine said why) */
     uint64_t dropped;          /* moves not queued: queue full */
     uint64_t overlapped;       /* moves run asynchronously (the others: one at a time) */

@@ -131,8 +131,13 @@ static inline bool add_ref(struct fs_residency *res, struct fs_launch_ticket *t,
                            unsigned char *at)
 {
     struct fs_alloc *a = fs_res_lookup(res, addr);
-    if (FS_LIKELY(!a))
-        return true;
+    if (FS_LIKELY(!a)) {
+        /* One past the end (a loop bound) goes with its allocation, unless another allocation
+         * starts there: a redirected launch must get both bounds in the same copy. */
+        a = (struct fs_alloc *)fs_va_space_lookup(&res->vs, addr - 1);
+        if (FS_LIKELY(!a) || addr != a->va + a->size)
+            return true;
+    }
     int i = 0;
     while (i < t->n && t->refs[i] != a)
         i++;

@@ -814,13 +814,13 @@ static void leave_gate(struct fs_residency *res, bool unknown)
         __atomic_sub_fetch(&res->launches_inflight, 1, __ATOMIC_SEQ_CST);
 }
 
-/* An unknown launch may touch any allocation through its host mapping: end every stage first
- * (not during a capture, where nothing may wait: the captured work reads host copies). */
-static void unstage_all(struct fs_residency *res, fs_stream stream)
+/* End every stage (for an unknown launch). False during a capture, where nothing may wait: the
+ * captured work then reads host copies. */
+static bool unstage_all(struct fs_residency *res, fs_stream stream)
 {
     bool capturing = false;
     if (fs_dev_call(res->dev, stream_capturing, stream, &capturing) != FS_OK || capturing)
-        return;
+        return false;
     pthread_mutex_lock(&res->lock);
     for (int i = 0; i < res->nallocs && LOAD(&res->staged_live) > 0; i++) {
         struct fs_alloc *a = res->allocs[i];
@@ -838,6 +838,24 @@ static void unstage_all(struct fs_residency *res, fs_stream stream)
             STAT(res, unstage_syncs, 1);
     }
     pthread_mutex_unlock(&res->lock);
+    return true;
+}
+
+/* An unknown launch may touch any allocation through its host mapping, so it passes the gate
+ * only with no stage live. Once it is through, a stage that begins closes the gate and waits for
+ * it to be queued (quiesce_on), then synchronizes (unknown_epoch): none can begin under it. One
+ * that began before it keeps the gate closed until it is made, and is ended on the next round. */
+static void enter_gate_unstaged(struct fs_residency *res, fs_stream stream)
+{
+    for (;;) {
+        if (LOAD(&res->staged_live) > 0 && !unstage_all(res, stream))
+            break; /* a capture: it reads host copies */
+        enter_gate(res, true);
+        if (LOAD(&res->staged_live) == 0)
+            return;
+        leave_gate(res, true);
+    }
+    enter_gate(res, true);
 }
 
 uint64_t fs_res_launch_begin(struct fs_residency *res, struct fs_alloc *const *allocs, int n,
@@ -845,9 +863,10 @@ uint64_t fs_res_launch_begin(struct fs_residency *res, struct fs_alloc *const *a
 {
     bool redirected = false;
     uint64_t tick = 0;
-    if (FS_UNLIKELY(unknown) && LOAD(&res->staged_live) > 0)
-        unstage_all(res, stream);
-    enter_gate(res, unknown);
+    if (FS_UNLIKELY(unknown))
+        enter_gate_unstaged(res, stream);
+    else
+        enter_gate(res, false);
     if (n == 0)
         goto out; /* most launches: nothing managed to hold, no shared counter to touch */
     tick = __atomic_add_fetch(&res->tick, 1, __ATOMIC_RELAXED);
@@ -913,8 +932,6 @@ uint64_t fs_res_launch_begin(struct fs_residency *res, struct fs_alloc *const *a
             STAT(res, faulted_bytes, a->mapped);
         } else if (LOAD(&a->state) == FS_RES_HOST ||
                    (LOAD(&a->state) == FS_RES_STAGED && (fixed || capturing))) {
-            /* It may write the host copy: the next stage fingerprints it again. */
-            a->fp_valid = false;
             STAT(res, host_served, 1);
         }
     }
@@ -1068,7 +1085,8 @@ int fs_res_move_begin(struct fs_residency *res, uint64_t id, bool evict, struct 
     rc = begin_move(a);
     if (rc != FS_OK)
         goto undo_block;
-    /* No launch holds A now: new ones wait for the move, and read the host copy after it. */
+    /* No launch holds A now: new ones wait for the move (an eviction's, then read the host
+     * copy) or, once a stage-in publishes its block, are redirected to it. */
     fs_dptr stage_va = LOAD(&a->stage_va);
     if (evict)
         set_stage(res, a, 0);
@@ -1081,9 +1099,7 @@ int fs_res_move_begin(struct fs_residency *res, uint64_t id, bool evict, struct 
         } else {
             /* Block to block, not from A's VA: the VA may be remapped while this runs. */
             rc = fs_block_copy(res->dev, m->block, a->host->copy_va, a->mapped, true, res->h2d);
-            /* A stage keeps the host copy's fingerprint while no launch may have written it
-             * (host_served clears it); else the copy is fingerprinted. */
-            if (rc == FS_OK && !(m->staged && a->fp_valid))
+            if (rc == FS_OK)
                 move_queue_fp(res, m, m->block->copy_va, res->h2d);
         }
     }
@@ -1167,7 +1183,11 @@ static int move_wait(struct fs_residency *res, struct fs_res_move *m, bool wait)
 static void move_failed(struct fs_residency *res, struct fs_res_move *m, int rc)
 {
     struct fs_alloc *a = m->a;
-    if (fs_dev_call(res->dev, stream_sync, m->evict ? res->d2h : res->h2d) == FS_OK) {
+    /* A stage-in's block may be used by launches redirected to it already: all work must end
+     * before it goes back (a failed copy means a broken context, so this rarely succeeds). */
+    bool quiet = fs_dev_call(res->dev, stream_sync, m->evict ? res->d2h : res->h2d) == FS_OK &&
+                 (!m->staged || m->evict || fs_dev_call(res->dev, ctx_sync) == FS_OK);
+    if (quiet) {
         if (m->block)
             fs_phys_pool_put(&res->dev_pool, m->block);
     } else if (m->block) {
@@ -1355,10 +1375,8 @@ int fs_res_move_end(struct fs_residency *res, struct fs_res_move *m, bool wait)
         if (m->fp_known)
             STAT(res, fingerprints, 1);
         a->dev = m->block;
-        if (m->fp_known || !m->staged) { /* a stage may keep the host copy's fingerprint */
-            a->fp = m->fp;
-            a->fp_valid = m->fp_known;
-        }
+        a->fp = m->fp;
+        a->fp_valid = m->fp_known;
         STORE(&a->lru_tick, LOAD(&res->tick)); /* brought in for a use to come */
         if (m->staged) {
             STAT(res, stage_ins, 1);
@@ -1386,7 +1404,9 @@ int fs_res_prefetch_id(struct fs_residency *res, uint64_t id)
     }
     int rc = FS_ERR_NOT_FOUND;
     if (a) {
-        bool stage = plan_role(res, a) == FS_PLAN_STAGED;
+        /* After an unknown launch, staged allocations move as prefetches do (each unknown launch
+         * would end every stage). */
+        bool stage = plan_role(res, a) == FS_PLAN_STAGED && LOAD(&res->unknown_epoch) == 0;
         bool moves = LOAD(&a->state) == FS_RES_HOST && !stage; /* a stage counts itself */
         rc = fault_in_locked(res, a, NULL, 0, stage);
         if (rc == FS_OK && moves) {

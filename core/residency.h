@@ -80,7 +80,7 @@ struct fs_alloc {
     fs_event arrive_ev;
     /* OFFLOAD_MODE=redirect: while A has a device copy that launches use instead of its VA, the
      * copy's address (DEV's copy_va); 0 otherwise (atomic; set and cleared under the lock, and
-     * cleared only while no launch holds A) */
+     * cleared only while no launch holds A, but for a stage-in whose copy failed) */
     fs_dptr stage_va;
 };
 

@@ -956,6 +956,67 @@ static void test_stage_synchronous_moves(void **state)
     env_close(&e);
 }
 
+/* A launch whose parameters cannot be read may touch any allocation through its VA: every stage
+ * ends before it is queued, writing the device copy's change back. */
+static void test_unknown_launch_ends_stages(void **state)
+{
+    (void)state;
+    struct env e;
+    env_open(&e, 64 * MIB, false);
+    fs_dptr v;
+    uint64_t sz = 16 * MIB;
+    struct kctx k = {.words = (uint32_t)(sz / 4)};
+    alloc_filled(&e, &v, 1, sz);
+    struct fs_alloc *A = fs_res_lookup(&e.res, v);
+    static const uint8_t roles[1] = {FS_PLAN_STAGED};
+    fs_res_set_plan_roles(&e.res, kept(roles, 1), 1);
+    assert_int_equal(fs_res_evict_id(&e.res, A->id), FS_OK);
+    assert_int_equal(fs_res_prefetch_id(&e.res, A->id), FS_OK);
+    launch(&e, &v, &sz, 1, 1000, add_one, &k); /* on the device copy */
+    struct fs_launch_desc d = {.func = KERNEL, .stream = e.stream, .unreadable = true};
+    struct fs_launch_ticket t;
+    fs_launch_enter(&e.res, &d, &t);
+    assert_int_equal(A->state, FS_RES_HOST);
+    assert_int_equal(e.res.staged_live, 0);
+    check(&e, v, sz, 0, 1); /* written back before the unknown launch */
+    fs_launch_exit(&e.res, &t, true);
+    struct fs_res_stats s;
+    fs_res_get_stats(&e.res, &s);
+    assert_int_equal(s.unstage_syncs, 1);
+    env_close(&e);
+}
+
+/* A pointer one past the end of an allocation (a loop bound) is taken as pointing into it, so a
+ * redirected launch gets both bounds in the same device copy; the exit puts both back. */
+static void test_end_pointer_goes_with_its_allocation(void **state)
+{
+    (void)state;
+    struct env e;
+    env_open(&e, 64 * MIB, false);
+    fs_dptr v;
+    const uint64_t sz = 16 * MIB; /* a whole number of granules: nothing of it lies past the end */
+    alloc_filled(&e, &v, 1, sz);
+    struct fs_alloc *A = fs_res_lookup(&e.res, v);
+    static const uint8_t roles[1] = {FS_PLAN_STAGED};
+    fs_res_set_plan_roles(&e.res, kept(roles, 1), 1);
+    assert_int_equal(fs_res_evict_id(&e.res, A->id), FS_OK);
+    assert_int_equal(fs_res_prefetch_id(&e.res, A->id), FS_OK);
+    assert_int_equal(A->state, FS_RES_STAGED);
+    uint64_t params[2] = {v, v + sz};
+    void *argv[2] = {&params[0], &params[1]};
+    struct fs_launch_desc d = {.func = KERNEL, .stream = e.stream, .kernel_params = argv};
+    struct fs_launch_ticket t;
+    fs_launch_enter(&e.res, &d, &t);
+    assert_int_equal(t.n, 1);
+    assert_int_equal(t.nwords, 2);
+    assert_int_equal(params[0], A->stage_va);
+    assert_int_equal(params[1], A->stage_va + sz);
+    fs_launch_exit(&e.res, &t, true);
+    assert_int_equal(params[0], v);
+    assert_int_equal(params[1], v + sz);
+    env_close(&e);
+}
+
 /* Write-back is skipped only for data proven unchanged: evicting data that nothing touched since
  * the fault-in copies nothing back; a kernel's change, a host write through the VA or a single
  * changed word anywhere makes the next eviction copy, and the data read afterwards is the new one.
@@ -1165,6 +1226,8 @@ int main(void)
         cmocka_unit_test(test_plan_host_role_is_read_in_place),
         cmocka_unit_test(test_stage_redirects_launches_and_writes_back),
         cmocka_unit_test(test_stage_synchronous_moves),
+        cmocka_unit_test(test_end_pointer_goes_with_its_allocation),
+        cmocka_unit_test(test_unknown_launch_ends_stages),
         cmocka_unit_test(test_clean_eviction_skips_write_back),
         cmocka_unit_test(test_write_back_always_without_fingerprints),
         cmocka_unit_test(test_stress_strict),
