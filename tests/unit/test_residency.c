@@ -1002,8 +1002,8 @@ static void test_end_pointer_goes_with_its_allocation(void **state)
     assert_int_equal(fs_res_evict_id(&e.res, A->id), FS_OK);
     assert_int_equal(fs_res_prefetch_id(&e.res, A->id), FS_OK);
     assert_int_equal(A->state, FS_RES_STAGED);
-    uint64_t params[2] = {v, v + sz};
-    void *argv[2] = {&params[0], &params[1]};
+    uint64_t params[4] = {v, v + sz, 0, 0}; /* the test kernel has four parameters */
+    void *argv[4] = {&params[0], &params[1], &params[2], &params[3]};
     struct fs_launch_desc d = {.func = KERNEL, .stream = e.stream, .kernel_params = argv};
     struct fs_launch_ticket t;
     fs_launch_enter(&e.res, &d, &t);
