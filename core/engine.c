@@ -62,7 +62,9 @@ static void warn_inactive_settings(const struct fs_config *cfg)
                                                     FS_P_LATE_PREFETCH};
     if (cfg->v[FS_P_LATE_PREFETCH].src != FS_SRC_DEFAULT &&
         fs_config_u64(cfg, FS_P_OFFLOAD_MODE) != FS_OFFLOAD_REDIRECT)
-        FS_WARN("FLEXTENSOR_LATE_PREFETCH is set but acts only with FLEXTENSOR_OFFLOAD_MODE=redirect");
+        FS_WARN("%s is set but acts only with %s=redirect",
+                fs_param_defs[FS_P_LATE_PREFETCH].env_name,
+                fs_param_defs[FS_P_OFFLOAD_MODE].env_name);
     if (fs_config_str(cfg, FS_P_PROFILE_OUT)[0] || fs_config_str(cfg, FS_P_PROFILE)[0])
         return;
     for (size_t i = 0; i < FS_ARRAY_LEN(with_profile); i++)

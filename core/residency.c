@@ -1015,6 +1015,12 @@ static void move_queue_fp(struct fs_residency *res, struct fs_res_move *m, fs_dp
                    fs_dev_call(res->dev, fingerprint, va, m->a->mapped, stream, m->parts) == FS_OK;
 }
 
+/* Where M's allocation was before the move began: where a failed move leaves it. */
+static int move_origin(const struct fs_res_move *m)
+{
+    return !m->evict ? FS_RES_HOST : m->staged ? FS_RES_STAGED : FS_RES_DEVICE;
+}
+
 /* Eviction: compare fingerprints first when the host copy has one, else copy right away (from
  * the device block: A's VA shows host memory when A is staged). */
 static int move_begin_evict(struct fs_residency *res, struct fs_res_move *m)
@@ -1081,7 +1087,6 @@ int fs_res_move_begin(struct fs_residency *res, uint64_t id, bool evict, struct 
         if (rc != FS_OK)
             goto out;
     }
-    int was = LOAD(&a->state);
     rc = begin_move(a);
     if (rc != FS_OK)
         goto undo_block;
@@ -1125,7 +1130,7 @@ int fs_res_move_begin(struct fs_residency *res, uint64_t id, bool evict, struct 
             m->block = NULL;
         }
         quiesce_end(res);
-        end_move(res, a, was);
+        end_move(res, a, move_origin(m));
         if (rc != FS_ERR_NOT_READY) { /* NOT_READY: a capture is running, try again later */
             STAT(res, failures, 1);
             FS_WARN("%s allocation %llu (%llu bytes) failed (%s)",
@@ -1204,7 +1209,7 @@ static void move_failed(struct fs_residency *res, struct fs_res_move *m, int rc)
             (unsigned long long)a->size, fs_err_str(rc));
     /* A stage that did not end keeps its device copy (maybe the only current one). */
     set_stage(res, a, m->evict && m->staged ? a->dev->copy_va : 0);
-    end_move(res, a, !m->evict ? FS_RES_HOST : m->staged ? FS_RES_STAGED : FS_RES_DEVICE);
+    end_move(res, a, move_origin(m));
 }
 
 /* A's VA is unmapped and its data is in its host block, which could not be mapped there: bring

@@ -832,6 +832,18 @@ static void test_plan_host_role_is_read_in_place(void **state)
     env_close(&e);
 }
 
+/* One allocation of SIZE bytes (filled with seed 0) into V, with the plan role FS_PLAN_STAGED,
+ * on host after a plain eviction: what redirect mode's plan starts from. */
+static struct fs_alloc *alloc_staged_role(struct env *e, fs_dptr *v, uint64_t size)
+{
+    alloc_filled(e, v, 1, size);
+    struct fs_alloc *a = fs_res_lookup(&e->res, *v);
+    static const uint8_t roles[1] = {FS_PLAN_STAGED};
+    fs_res_set_plan_roles(&e->res, kept(roles, 1), 1);
+    assert_int_equal(fs_res_evict_id(&e->res, a->id), FS_OK);
+    return a;
+}
+
 static uint64_t remaps_of(const struct fs_res_stats *s)
 {
     return s->remaps[0][0] + s->remaps[0][1] + s->remaps[1][0] + s->remaps[1][1];
@@ -858,11 +870,7 @@ static void test_stage_redirects_launches_and_writes_back(void **state)
     fs_dptr v;
     uint64_t sz = 16 * MIB;
     struct kctx k = {.words = (uint32_t)(sz / 4)};
-    alloc_filled(&e, &v, 1, sz);
-    struct fs_alloc *A = fs_res_lookup(&e.res, v);
-    static const uint8_t roles[1] = {FS_PLAN_STAGED};
-    fs_res_set_plan_roles(&e.res, kept(roles, 1), 1);
-    assert_int_equal(fs_res_evict_id(&e.res, A->id), FS_OK);
+    struct fs_alloc *A = alloc_staged_role(&e, &v, sz);
     struct fs_res_stats s0, s1, s2;
     struct fs_sim_stats st0, st1;
     fs_res_get_stats(&e.res, &s0);
@@ -931,11 +939,7 @@ static void test_stage_synchronous_moves(void **state)
     fs_dptr v;
     uint64_t sz = 16 * MIB;
     struct kctx k = {.words = (uint32_t)(sz / 4)};
-    alloc_filled(&e, &v, 1, sz);
-    struct fs_alloc *A = fs_res_lookup(&e.res, v);
-    static const uint8_t roles[1] = {FS_PLAN_STAGED};
-    fs_res_set_plan_roles(&e.res, kept(roles, 1), 1);
-    assert_int_equal(fs_res_evict_id(&e.res, A->id), FS_OK);
+    struct fs_alloc *A = alloc_staged_role(&e, &v, sz);
     struct fs_res_stats s0, s1;
     fs_res_get_stats(&e.res, &s0);
     assert_int_equal(fs_res_prefetch_id(&e.res, A->id), FS_OK);
@@ -966,11 +970,7 @@ static void test_unknown_launch_ends_stages(void **state)
     fs_dptr v;
     uint64_t sz = 16 * MIB;
     struct kctx k = {.words = (uint32_t)(sz / 4)};
-    alloc_filled(&e, &v, 1, sz);
-    struct fs_alloc *A = fs_res_lookup(&e.res, v);
-    static const uint8_t roles[1] = {FS_PLAN_STAGED};
-    fs_res_set_plan_roles(&e.res, kept(roles, 1), 1);
-    assert_int_equal(fs_res_evict_id(&e.res, A->id), FS_OK);
+    struct fs_alloc *A = alloc_staged_role(&e, &v, sz);
     assert_int_equal(fs_res_prefetch_id(&e.res, A->id), FS_OK);
     launch(&e, &v, &sz, 1, 1000, add_one, &k); /* on the device copy */
     struct fs_launch_desc d = {.func = KERNEL, .stream = e.stream, .unreadable = true};
@@ -995,11 +995,7 @@ static void test_end_pointer_goes_with_its_allocation(void **state)
     env_open(&e, 64 * MIB, false);
     fs_dptr v;
     const uint64_t sz = 16 * MIB; /* a whole number of granules: nothing of it lies past the end */
-    alloc_filled(&e, &v, 1, sz);
-    struct fs_alloc *A = fs_res_lookup(&e.res, v);
-    static const uint8_t roles[1] = {FS_PLAN_STAGED};
-    fs_res_set_plan_roles(&e.res, kept(roles, 1), 1);
-    assert_int_equal(fs_res_evict_id(&e.res, A->id), FS_OK);
+    struct fs_alloc *A = alloc_staged_role(&e, &v, sz);
     assert_int_equal(fs_res_prefetch_id(&e.res, A->id), FS_OK);
     assert_int_equal(A->state, FS_RES_STAGED);
     uint64_t params[4] = {v, v + sz, 0, 0}; /* the test kernel has four parameters */
