@@ -319,27 +319,65 @@ def hash_tensor_bytes(t):
     return hashlib.sha256(data).hexdigest()[:16]
 
 
-class IdleStart:
-    """How long each step runs host code before its first kernel (the input embedding): the GPU
-    has nothing to do then (the step starts after a synchronize), so an offloader can use that
-    time only to fill free room. Its median is the G of the report's L' = max(C, G + B/W)."""
+class StepGaps:
+    """Where a step's host time leaves the link unable to help: for each module that owns
+    weights, q = host time from the step's start (after a synchronize) to the module's forward
+    (before any of its kernels is queued) and P = the weight bytes of the modules run before it
+    in the step. At q the device holds at most the budget, so of the B bytes beyond it at least
+    B - P still have to cross the link after q: no offloader beats q + (B - P)/W. report.py takes
+    the largest of these over the step (with the first module, q is the idle start G).
+
+    Measured with forward pre-hooks on extra steps after the timed ones (the hooks' own time,
+    measured too, is left out of q), in noshim only, so no timed step carries them."""
 
     def __init__(self, model):
+        self.mods = [(name, m, sum(p.numel() * p.element_size()
+                                   for p in m.parameters(recurse=False)))
+                     for name, m in model.named_modules()
+                     if next(m.parameters(recurse=False), None) is not None]
+        self.steps = []
+        self.handles = [m.register_forward_pre_hook(self.hook_for(i))
+                        for i, (_, m, _) in enumerate(self.mods)]
         self.t0 = None
-        self.ms = []
-        self.handle = model.get_input_embeddings().register_forward_pre_hook(self.hook)
 
-    def arm(self, t0):
-        self.t0 = t0
+    def hook_for(self, i):
+        def hook(module, inputs):
+            t = time.perf_counter()
+            if self.t0 is not None:
+                self.cur.append((i, (t - self.t0 - self.hooks_s) * 1000))
+            self.hooks_s += time.perf_counter() - t
+        return hook
 
-    def hook(self, module, inputs):
-        if self.t0 is not None:
-            self.ms.append(round((time.perf_counter() - self.t0) * 1000, 3))
-            self.t0 = None
+    def step(self, fn):
+        import torch
+
+        torch.cuda.synchronize()
+        self.cur, self.hooks_s = [], 0.0
+        self.t0 = time.perf_counter()
+        fn()
+        self.t0 = None
+        torch.cuda.synchronize()
+        self.steps.append(self.cur)
 
     def done(self, res):
-        self.handle.remove()
-        res["idle_start_ms_steps"] = self.ms
+        for h in self.handles:
+            h.remove()
+        # The module order of the last step; q is each position's median over the steps.
+        order = [i for i, _ in self.steps[-1]]
+        qs = [statistics.median(st[k][1] for st in self.steps
+                                if len(st) == len(order) and st[k][0] == i)
+              for k, i in enumerate(order)]
+        points, seen = [], 0
+        for (i, q) in zip(order, qs):
+            name, _, nbytes = self.mods[i]
+            points.append([round(q, 3), seen, name])
+            seen += nbytes
+        res["gap_points"] = points
+        res["gap_steps"] = len(self.steps)
+        res["idle_start_ms"] = points[0][0] if points else None
+
+
+GAP_STEPS = 3
 
 
 def run_prefill(model, args, res, stop):
@@ -350,12 +388,10 @@ def run_prefill(model, args, res, stop):
                       dtype=torch.long).to("cuda")
     times, hashes = [], []
     last_tokens = None
-    idle = IdleStart(model)
     with torch.no_grad():
         for i in range(args.iters):
             torch.cuda.synchronize()
             t0 = time.perf_counter()
-            idle.arm(t0)
             out = model(input_ids=x, use_cache=False)
             torch.cuda.synchronize()
             times.append(time.perf_counter() - t0)
@@ -373,7 +409,11 @@ def run_prefill(model, args, res, stop):
             if stop(i):
                 print(f"  profile saved at iteration {stop.seen_at + 1}: stopping", flush=True)
                 break
-    idle.done(res)
+        if args.system == "noshim":
+            gaps = StepGaps(model)
+            for _ in range(GAP_STEPS):
+                gaps.step(lambda: model(input_ids=x, use_cache=False))
+            gaps.done(res)
     res["fingerprint"] = {"kind": "logits-rowsum-sha256", "value": hashes[-1],
                           "last_position_argmax": last_tokens,
                           "stable": len(set(hashes)) == 1, "distinct": len(set(hashes))}
@@ -397,11 +437,9 @@ def run_decode(model, args, res, stop):
         res["prompt_ms"] = r3((time.perf_counter() - t0) * 1000)
         del out
         toks = [cur]
-        idle = IdleStart(model)
         for i in range(args.iters):
             torch.cuda.synchronize()
             t0 = time.perf_counter()
-            idle.arm(t0)
             out = model(input_ids=cur, past_key_values=past, use_cache=True)
             past = out.past_key_values
             cur = out.logits[:, -1, :].argmax(dim=-1, keepdim=True)
@@ -417,7 +455,17 @@ def run_decode(model, args, res, stop):
             if stop(i):
                 print(f"  profile saved at step {stop.seen_at + 1}: stopping", flush=True)
                 break
-        idle.done(res)
+        if args.system == "noshim":  # not in the token list: the fingerprint does not see them
+            gaps, state = StepGaps(model), {"cur": cur, "past": past}
+
+            def gap_step():
+                o = model(input_ids=state["cur"], past_key_values=state["past"], use_cache=True)
+                state["past"] = o.past_key_values
+                state["cur"] = o.logits[:, -1, :].argmax(dim=-1, keepdim=True)
+
+            for _ in range(GAP_STEPS):
+                gaps.step(gap_step)
+            gaps.done(res)
         tokens = [int(t) for t in torch.cat(toks, dim=1).flatten().cpu().tolist()]
     res["fingerprint"] = {"kind": "tokens", "value": hashlib.sha256(
         json.dumps(tokens).encode()).hexdigest()[:16], "tokens": tokens}
@@ -527,8 +575,6 @@ def measure(args, res):
     res["timed_steps"] = n
     res["warmup_steps"] = min(args.warmup, len(times)) if n < len(times) else 0
     res["first_step_ms"] = res["step_ms"][0] if times else None
-    g, _ = median_of(res.get("idle_start_ms_steps") or [], args.warmup)
-    res["idle_start_ms"] = r3(g) if g is not None else None
     res["peak_allocated_bytes"] = torch.cuda.max_memory_allocated()
     res["peak_reserved_bytes"] = torch.cuda.max_memory_reserved()
     if args.system == "noshim":
@@ -565,6 +611,10 @@ def fake_measure(args, res):
     times = [base * (1 + 0.02 * rnd.random()) for _ in range(args.iters)]
     med, n = median_of(times, args.warmup)
     res["idle_start_ms"] = 4.0 if args.workload == "decode" else 1.0
+    if args.system == "noshim":  # an idle start, then a long host gap before the second module
+        res["gap_points"] = [[res["idle_start_ms"], 0, "model.embed_tokens"],
+                             [c / 2, args.weight_bytes // 20, "model.layers.0.self_attn.o_proj"],
+                             [c * 0.9, args.weight_bytes * 9 // 10, "lm_head"]]
     res.update(step_ms=[round(t, 3) for t in times], step_ms_median=round(med, 3),
                timed_steps=n, warmup_steps=args.warmup, build_s=3.0, import_s=4.0,
                ttfs_s=9.0 + (1.5 if args.system in SHIM_SYSTEMS else 0.0),
@@ -621,6 +671,78 @@ def selftest():
         check("parse_pcts rejects 0", False)
     except ValueError:
         check("parse_pcts rejects 0", True)
+
+    # StepGaps on stand-ins for torch modules: the module order, q from the step's start with
+    # the hooks' own time left out, and P the bytes of the modules before.
+    class Param:
+        def __init__(self, n):
+            self.n = n
+
+        def numel(self):
+            return self.n
+
+        def element_size(self):
+            return 2
+
+    class Mod:
+        def __init__(self, n):
+            self.params, self.hooks = ([Param(n)] if n else []), []
+
+        def parameters(self, recurse=True):
+            return iter(self.params)
+
+        def register_forward_pre_hook(self, fn):
+            self.hooks.append(fn)
+            mod = self
+
+            class Handle:
+                def remove(self):
+                    mod.hooks.remove(fn)
+            return Handle()
+
+        def __call__(self):
+            for h in self.hooks:
+                h(self, ())
+
+    class Model:
+        def __init__(self):
+            self.mods = [("", Mod(0)), ("embed", Mod(10)), ("proj", Mod(5)), ("head", Mod(7))]
+
+        def named_modules(self):
+            return iter(self.mods)
+
+    fake_torch = type(sys)("torch")
+    fake_torch.cuda = type("cuda", (), {"synchronize": staticmethod(lambda: None)})
+    saved = sys.modules.get("torch")
+    sys.modules["torch"] = fake_torch
+    try:
+        mdl = Model()
+        gaps = StepGaps(mdl)
+        emb, proj, head = (m for _, m in mdl.mods[1:])
+
+        def fake_step():
+            emb()
+            time.sleep(0.02)
+            proj()
+            head()
+
+        for _ in range(2):
+            gaps.step(fake_step)
+        res = {}
+        gaps.done(res)
+    finally:
+        if saved is None:
+            del sys.modules["torch"]
+        else:
+            sys.modules["torch"] = saved
+    pts = res["gap_points"]
+    check("gaps: modules with weights, in step order",
+          [p[2] for p in pts] == ["embed", "proj", "head"], pts)
+    check("gaps: P = bytes before", [p[1] for p in pts] == [0, 20, 30], pts)
+    check("gaps: q from the step's start", pts[0][0] < 5 and 19 < pts[1][0] < 40 and
+          pts[2][0] >= pts[1][0], pts)
+    check("gaps: hooks removed", not any(m.hooks for _, m in mdl.mods), mdl.mods)
+    check("gaps: idle start is the first q", res["idle_start_ms"] == pts[0][0], res)
 
     check("spread 32/16", pl.spread(32, 16) == list(range(0, 32, 2)))
     for n in (22, 32):

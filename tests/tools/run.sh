@@ -305,7 +305,7 @@ expect "record: preloads the library beside the tool" "$tmp/o" "running true wit
 expect_rc "record: the command's exit code is kept" 1 $rc "$tmp/o"
 
 # The benchmark's Python helpers (they run on the GPU machine; their self-tests run here).
-for py in bench/report.py bench/trace_summary.py; do
+for py in bench/bench.py bench/report.py bench/trace_summary.py; do
     if python3 "$py" --selftest >"$tmp/o" 2>&1; then ok "$py --selftest"; else fail "$py --selftest" "$(tail -5 "$tmp/o")"; fi
 done
 
