@@ -19,7 +19,8 @@ and after it; the median of the steps after the warm-up ones is the result):
   prefill  one forward of 4 x 2048 tokens, no KV cache kept; a step is one forward; fingerprint:
            SHA-256 of the float32 row sums of the logits of the last step
   decode   batch 1: a 128-token prompt (not a step), then greedy decode steps with the KV cache
-           (manual argmax loop); fingerprint: the token list
+           (manual argmax loop), cuDNN attention off unless --cudnn-sdpa (run.sh:
+           DECODE_CUDNN_SDPA=1); fingerprint: the token list
 Systems (flexshim itself is preloaded by run.sh; in this process it is the same code as noshim):
   noshim / flexshim  the model as built, all on the GPU
   pipeline           bench/prefetch_pipeline.py: streamed layers through two GPU slots
@@ -423,6 +424,13 @@ def run_prefill(model, args, res, stop):
 def run_decode(model, args, res, stop):
     import torch
 
+    # PyTorch's cuDNN attention builds a new cuDNN graph for every new KV length, so each decode
+    # step spent 35-70 ms on the host in layer 0's attention with the GPU idle (measured by
+    # StepGaps, docs/PERFORMANCE.md): a host-bound step whose length moved between processes.
+    # Decode is meant to be transfer-bound; the other SDPA kernels have no such cost.
+    res["cudnn_sdpa"] = bool(args.cudnn_sdpa)
+    if not args.cudnn_sdpa:
+        torch.backends.cuda.enable_cudnn_sdp(False)
     gen = torch.Generator(device="cpu").manual_seed(args.seed + 2)
     prompt = torch.randint(0, MODELS[args.model]["vocab"], (1, DECODE_PROMPT), generator=gen,
                            dtype=torch.long).to("cuda")
@@ -817,6 +825,9 @@ def parse_args(argv):
     ap.add_argument("--name", default=None, help="the run's name (logs)")
     ap.add_argument("--headroom-from", default=None,
                     help="bench.jsonl with the noshim line giving the pipeline's headroom")
+    ap.add_argument("--cudnn-sdpa", action="store_true",
+                    help="decode with PyTorch's cuDNN attention (its default on this GPU; it "
+                    "rebuilds a graph for every new KV length)")
     ap.add_argument("--bw-bytes", type=int, default=GiB)
     ap.add_argument("--bw-reps", type=int, default=5)
     ap.add_argument("--print-budgets", metavar="PCTS", help="print PCT BYTES MIB lines and exit")

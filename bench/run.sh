@@ -35,6 +35,7 @@
 #   RECORD_PCT=50      budget of the flexshim record runs
 #   SIM_STRATEGY=adaptive  strategy of `flexshim-profile simulate` (the one the shim runs; "all"
 #                      for the four)
+#   DECODE_CUDNN_SDPA=1  decode with PyTorch's cuDNN attention (off by default: bench.py says why)
 #   FAKE=1             no GPU: bench.py makes numbers up (marked fake); tests this script here
 #
 # Output in $OUT (at most 8 files come back from the GPU machine; these are 7):
@@ -87,8 +88,9 @@ WORK=$(mktemp -d "${TMPDIR:-/tmp}/flexshim-bench.XXXXXX") || exit 1
 LOGS=$WORK/logs
 mkdir -p "$LOGS"
 JSONL=$OUT/bench.jsonl
-FAKE_ARGS=()
-[ "$FAKE" = 1 ] && FAKE_ARGS=(--fake --fake-sleep "${FAKE_SLEEP:-1}")
+BENCH_ARGS=()
+[ "$FAKE" = 1 ] && BENCH_ARGS=(--fake --fake-sleep "${FAKE_SLEEP:-1}")
+[ "$DECODE_CUDNN_SDPA" = 1 ] && BENCH_ARGS+=(--cudnn-sdpa)
 
 has() { case " $SYSTEMS " in *" $1 "*) return 0 ;; *) return 1 ;; esac; }
 # The shim's systems: flexshim, and flexshim_MODE run with FLEXTENSOR_OFFLOAD_MODE=MODE from the
@@ -162,7 +164,7 @@ run_one() {
     BENCH_T0=$(date +%s.%N) timeout -k 10 "$t" "$@" "$PY" bench/bench.py --system "$system" \
         --workload "$workload" --model "$MODEL" --budget-pct "$pct" --kind "$kind" \
         --result "$res" --run-id "$RUN_ID" --name "$name" --headroom-from "$JSONL" \
-        "${FAKE_ARGS[@]}" 2>&1 | tee "$out"
+        "${BENCH_ARGS[@]}" 2>&1 | tee "$out"
     rc=${PIPESTATUS[0]}
     local timed_out=""
     ((rc == 124 || rc == 137)) && timed_out=", TIMED OUT after ${t}s"
@@ -212,6 +214,7 @@ preamble() {
     [ "$FAKE" = 1 ] && echo "*** FAKE=1: no GPU, made-up numbers: a test of the scripts ***"
     local gpu="FAKE (no GPU)" driver=
     local knobs="MODEL=$MODEL WORKLOADS='$WORKLOADS' BUDGETS='$BUDGETS' SYSTEMS='$SYSTEMS'"
+    [ "$DECODE_CUDNN_SDPA" = 1 ] && knobs="DECODE_CUDNN_SDPA=1 $knobs"
     if [ "$FAKE" != 1 ]; then
         nvidia-smi --query-gpu=name,driver_version,memory.total,memory.used --format=csv 2>&1
         nvidia-smi --query-compute-apps=pid,used_memory --format=csv 2>&1
@@ -226,6 +229,7 @@ preamble() {
         --field "commit=$(bundle_commit "$ROOT")" \
         --field "model=$MODEL" --field "workloads=$WORKLOADS" --field "budgets=$BUDGETS" \
         --field "systems=$SYSTEMS" --field "total_budget_s=$TOTAL_BUDGET_S" --field "fake=$FAKE" \
+        --field "decode_cudnn_sdpa=${DECODE_CUDNN_SDPA:-0}" \
         --field "command=$knobs OUT=... bash bench/run.sh"
 }
 

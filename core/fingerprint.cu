@@ -8,12 +8,9 @@
 
 #define FP_THREADS 512
 
-// The term of the word at index i, given IG = i * 0x9e3779b97f4a7c15 (mod 2^64): the callers
-// step IG by additions, which leaves two multiplies per word instead of three (the kernel is
-// bound by its integer work, not by memory).
-__device__ __forceinline__ unsigned long long term(unsigned long long ig, unsigned long long w)
+__device__ __forceinline__ unsigned long long term(unsigned long long i, unsigned long long w)
 {
-    unsigned long long z = w + ig;
+    unsigned long long z = w + i * 0x9e3779b97f4a7c15ull;
     z = (z ^ (z >> 30)) * 0xbf58476d1ce4e5b9ull;
     z = (z ^ (z >> 27)) * 0x94d049bb133111ebull;
     return z ^ (z >> 31);
@@ -27,14 +24,12 @@ __device__ __forceinline__ unsigned long long rotl29(unsigned long long v)
 extern "C" __global__ void __launch_bounds__(FP_THREADS)
 fs_fingerprint(const ulonglong2 *data, unsigned long long npairs, unsigned long long *parts)
 {
-    const unsigned long long golden = 0x9e3779b97f4a7c15ull;
     unsigned long long sum = 0, x = 0;
     unsigned long long stride = (unsigned long long)gridDim.x * blockDim.x;
-    unsigned long long k = (unsigned long long)blockIdx.x * blockDim.x + threadIdx.x;
-    unsigned long long ig = 2 * k * golden, ig_step = 2 * stride * golden;
-    for (; k < npairs; k += stride, ig += ig_step) {
+    for (unsigned long long k = (unsigned long long)blockIdx.x * blockDim.x + threadIdx.x;
+         k < npairs; k += stride) {
         ulonglong2 v = data[k];
-        unsigned long long t0 = term(ig, v.x), t1 = term(ig + golden, v.y);
+        unsigned long long t0 = term(2 * k, v.x), t1 = term(2 * k + 1, v.y);
         sum += t0 + t1;
         x ^= rotl29(t0) ^ rotl29(t1);
     }
