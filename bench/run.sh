@@ -90,7 +90,7 @@ mkdir -p "$LOGS"
 JSONL=$OUT/bench.jsonl
 BENCH_ARGS=()
 [ "$FAKE" = 1 ] && BENCH_ARGS=(--fake --fake-sleep "${FAKE_SLEEP:-1}")
-[ "$DECODE_CUDNN_SDPA" = 1 ] && BENCH_ARGS+=(--cudnn-sdpa)
+[ "${DECODE_CUDNN_SDPA:-0}" = 1 ] && BENCH_ARGS+=(--cudnn-sdpa)
 
 has() { case " $SYSTEMS " in *" $1 "*) return 0 ;; *) return 1 ;; esac; }
 # The shim's systems: flexshim, and flexshim_MODE run with FLEXTENSOR_OFFLOAD_MODE=MODE from the
@@ -214,7 +214,7 @@ preamble() {
     [ "$FAKE" = 1 ] && echo "*** FAKE=1: no GPU, made-up numbers: a test of the scripts ***"
     local gpu="FAKE (no GPU)" driver=
     local knobs="MODEL=$MODEL WORKLOADS='$WORKLOADS' BUDGETS='$BUDGETS' SYSTEMS='$SYSTEMS'"
-    [ "$DECODE_CUDNN_SDPA" = 1 ] && knobs="DECODE_CUDNN_SDPA=1 $knobs"
+    [ "${DECODE_CUDNN_SDPA:-0}" = 1 ] && knobs="DECODE_CUDNN_SDPA=1 $knobs"
     if [ "$FAKE" != 1 ]; then
         nvidia-smi --query-gpu=name,driver_version,memory.total,memory.used --format=csv 2>&1
         nvidia-smi --query-compute-apps=pid,used_memory --format=csv 2>&1
