@@ -390,6 +390,8 @@ static void slots_init(struct fs_executor *x)
             fs_dev_call(dev, event_destroy, m->ev);
             break;
         }
+        if (fs_dev_call(dev, event_create, false, &m->fp_ev) != FS_OK)
+            m->fp_ev = NULL; /* its prefetches' fingerprints run on the copy stream */
     }
     if (x->nslots < FS_EXEC_MOVES_INFLIGHT)
         FS_INFO("plan executor: %d of %d overlapping moves could be set up", x->nslots,
@@ -400,6 +402,8 @@ static void slots_destroy(struct fs_executor *x)
 {
     for (int i = 0; i < x->nslots; i++) {
         fs_dev_call(x->res->dev, event_destroy, x->slots[i].m.ev);
+        if (x->slots[i].m.fp_ev)
+            fs_dev_call(x->res->dev, event_destroy, x->slots[i].m.fp_ev);
         fs_dev_call(x->res->dev, host_free, x->slots[i].m.parts);
     }
     x->nslots = 0;

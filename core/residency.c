@@ -176,6 +176,8 @@ int fs_res_init(struct fs_residency *res, struct fs_device *dev, const struct fs
     rc = fs_dev_call(dev, stream_create, &res->d2h);
     if (rc != FS_OK)
         goto fail_h2d;
+    if (fs_dev_call(dev, stream_create, &res->fp_side) != FS_OK)
+        res->fp_side = NULL;
     pthread_mutex_init(&res->lock, NULL);
     pthread_mutex_init(&res->ev_lock, NULL);
     pthread_cond_init(&res->moved, NULL);
@@ -281,6 +283,8 @@ void fs_res_destroy(struct fs_residency *res)
     events_destroy(res);
     fs_dev_call(res->dev, stream_destroy, res->h2d);
     fs_dev_call(res->dev, stream_destroy, res->d2h);
+    if (res->fp_side)
+        fs_dev_call(res->dev, stream_destroy, res->fp_side);
     fs_dev_call(res->dev, host_free, res->fp_parts);
     fs_phys_pool_destroy(&res->host_pool);
     fs_phys_pool_destroy(&res->dev_pool);
@@ -1015,6 +1019,31 @@ static void move_queue_fp(struct fs_residency *res, struct fs_res_move *m, fs_dp
                    fs_dev_call(res->dev, fingerprint, va, m->a->mapped, stream, m->parts) == FS_OK;
 }
 
+/* A prefetch's copy has been queued on h2d and EV recorded after it: its fingerprint runs on the
+ * side stream when the move has an event for it (the link then goes on with the next copy at
+ * once), else on h2d, recording EV again. Lock held. */
+static int move_queue_prefetch_fp(struct fs_residency *res, struct fs_res_move *m)
+{
+    if (res->fp_parts && res->fp_side && m->fp_ev &&
+        fs_dev_call(res->dev, stream_wait_event, res->fp_side, m->ev) == FS_OK) {
+        move_queue_fp(res, m, m->block->copy_va, res->fp_side);
+        if (m->fp_queued) {
+            int rc = fs_dev_call(res->dev, event_record, m->fp_ev, res->fp_side);
+            m->fp_side = rc == FS_OK;
+            return rc;
+        }
+    }
+    move_queue_fp(res, m, m->block->copy_va, res->h2d);
+    return m->fp_queued ? fs_dev_call(res->dev, event_record, m->ev, res->h2d) : FS_OK;
+}
+
+/* The event after which M is over: its copy done and, for a prefetch, its fingerprint taken
+ * (a launch writing the block before that would make the fingerprint describe its result). */
+static fs_event move_done_ev(const struct fs_res_move *m)
+{
+    return m->fp_side ? m->fp_ev : m->ev;
+}
+
 /* Where M's allocation was before the move began: where a failed move leaves it. */
 static int move_origin(const struct fs_res_move *m)
 {
@@ -1059,7 +1088,8 @@ int fs_res_move_begin(struct fs_residency *res, uint64_t id, bool evict, struct 
         goto out;
     m->a = a;
     m->evict = evict;
-    m->comparing = m->fp_queued = m->fp_known = m->mapped_early = m->released = false;
+    m->comparing = m->fp_queued = m->fp_side = m->fp_known = m->mapped_early = false;
+    m->released = false;
     m->clean = false;
     /* A stage begins for the plan's staged allocations and ends for staged ones. */
     m->staged = evict ? LOAD(&a->state) == FS_RES_STAGED : plan_role(res, a) == FS_PLAN_STAGED;
@@ -1101,20 +1131,22 @@ int fs_res_move_begin(struct fs_residency *res, uint64_t id, bool evict, struct 
     if (rc == FS_OK) {
         if (evict) {
             rc = move_begin_evict(res, m);
+            if (rc == FS_OK)
+                rc = fs_dev_call(res->dev, event_record, m->ev, res->d2h);
         } else {
             /* Block to block, not from A's VA: the VA may be remapped while this runs. */
             rc = fs_block_copy(res->dev, m->block, a->host->copy_va, a->mapped, true, res->h2d);
             if (rc == FS_OK)
-                move_queue_fp(res, m, m->block->copy_va, res->h2d);
+                rc = fs_dev_call(res->dev, event_record, m->ev, res->h2d);
+            if (rc == FS_OK)
+                rc = move_queue_prefetch_fp(res, m);
         }
     }
-    if (rc == FS_OK)
-        rc = fs_dev_call(res->dev, event_record, m->ev, evict ? res->d2h : res->h2d);
     if (rc == FS_OK && m->staged && !evict) {
-        /* Launches are redirected to the block at once and wait for its copy on their streams,
-         * as for a prefetch mapped early; nothing to remap. */
+        /* Launches are redirected to the block at once and wait for its copy (and fingerprint)
+         * on their streams, as for a prefetch mapped early; nothing to remap. */
         m->mapped_early = true;
-        a->arrive_ev = m->ev;
+        a->arrive_ev = move_done_ev(m);
         STORE(&a->arriving, true);
         set_stage(res, a, m->block->copy_va);
         pthread_cond_broadcast(&res->moved);
@@ -1123,8 +1155,11 @@ int fs_res_move_begin(struct fs_residency *res, uint64_t id, bool evict, struct 
         set_stage(res, a, stage_va);
         /* Queued work may still write the block: wait for it before giving the block back;
          * if even that fails, the block is never reused. */
-        if (queued && fs_dev_call(res->dev, stream_sync, evict ? res->d2h : res->h2d) != FS_OK &&
-            m->block) {
+        bool stuck = queued &&
+                     (fs_dev_call(res->dev, stream_sync, evict ? res->d2h : res->h2d) != FS_OK ||
+                      (m->fp_queued && res->fp_side &&
+                       fs_dev_call(res->dev, stream_sync, res->fp_side) != FS_OK));
+        if (stuck && m->block) {
             FS_WARN("a device block of %llu bytes is set aside: its copy may still be running",
                     (unsigned long long)m->block->size);
             m->block = NULL;
@@ -1165,7 +1200,7 @@ int fs_res_move_map(struct fs_residency *res, struct fs_res_move *m)
         return rc;
     pthread_mutex_lock(&res->lock);
     m->mapped_early = true;
-    a->arrive_ev = m->ev;
+    a->arrive_ev = move_done_ev(m);
     STORE(&a->arriving, true);
     STAT(res, early_maps, 1);
     pthread_cond_broadcast(&res->moved); /* launches waiting for A may go on */
@@ -1176,9 +1211,9 @@ int fs_res_move_map(struct fs_residency *res, struct fs_res_move *m)
 static int move_wait(struct fs_residency *res, struct fs_res_move *m, bool wait)
 {
     if (!wait)
-        return fs_dev_call(res->dev, event_query, m->ev);
+        return fs_dev_call(res->dev, event_query, move_done_ev(m));
     uint64_t t0 = fs_now_ns();
-    int rc = fs_dev_call(res->dev, event_sync, m->ev);
+    int rc = fs_dev_call(res->dev, event_sync, move_done_ev(m));
     fs_rt_span(FS_RT_COPY_WAIT, m->a->id, m->a->mapped, t0, fs_now_ns());
     return rc;
 }
@@ -1191,6 +1226,7 @@ static void move_failed(struct fs_residency *res, struct fs_res_move *m, int rc)
     /* A stage-in's block may be used by launches redirected to it already: all work must end
      * before it goes back (a failed copy means a broken context, so this rarely succeeds). */
     bool quiet = fs_dev_call(res->dev, stream_sync, m->evict ? res->d2h : res->h2d) == FS_OK &&
+                 (!m->fp_side || fs_dev_call(res->dev, stream_sync, res->fp_side) == FS_OK) &&
                  (!m->staged || m->evict || fs_dev_call(res->dev, ctx_sync) == FS_OK);
     if (quiet) {
         if (m->block)

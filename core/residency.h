@@ -119,6 +119,9 @@ struct fs_residency {
     pthread_mutex_t lock;
     pthread_cond_t moved; /* broadcast when an allocation leaves FS_RES_MOVING */
     fs_stream h2d, d2h;
+    /* a prefetch's fingerprint runs here, after its copy, so that the next copy on h2d does not
+     * wait for it (NULL: on h2d) */
+    fs_stream fp_side;
     struct fs_alloc **allocs;
     int nallocs, cap_allocs;
     uint64_t next_id;
@@ -228,6 +231,8 @@ void fs_res_prepin(struct fs_residency *res, const uint64_t *sizes, int n);
 
 struct fs_res_move {
     fs_event ev;     /* the caller's: recorded after the queued work */
+    fs_event fp_ev;  /* the caller's, optional: a prefetch's fingerprint on res->fp_side lands
+                      * with it (the move is over, and launches may use the data, only then) */
     uint64_t *parts; /* the caller's: FS_FP_PARTS_BYTES from the device's host_alloc */
     /* the caller's, optional: called (no lock held) when an eviction's device memory is back in
      * the pool, before the slower mapping of host memory that ends the move */
@@ -238,6 +243,7 @@ struct fs_res_move {
     bool evict;
     bool comparing;        /* eviction: the fingerprint is compared before any copy */
     bool fp_queued;        /* a fingerprint of the moved data lands in PARTS with EV */
+    bool fp_side;          /* ... with FP_EV instead, on res->fp_side */
     bool fp_known;         /* FP holds the moved data's fingerprint */
     bool mapped_early;     /* prefetch: the VA shows the block already (A->arriving) */
     bool released;         /* eviction: its device memory is back in the pool */

@@ -24,9 +24,12 @@ struct env {
 static const int kernel_token;
 #define KERNEL ((const void *)&kernel_token)
 
-static void env_open_fp(struct env *e, uint64_t budget, bool strict, bool fingerprint)
+/* D2D_BYTES_PER_S: the simulated device's speed for fingerprints (0: its default). */
+static void env_open_sim(struct env *e, uint64_t budget, bool strict, bool fingerprint,
+                         double d2d_bytes_per_s)
 {
-    struct fs_sim_config cfg = {.device_bytes = 4096 * MIB, .host_phys_supported = true};
+    struct fs_sim_config cfg = {.device_bytes = 4096 * MIB, .host_phys_supported = true,
+                                .d2d_bytes_per_s = d2d_bytes_per_s};
     assert_int_equal(fs_sim_open(&cfg, &e->dev), FS_OK);
     struct fs_res_config rc = {.budget = budget,
                                .va_space_bytes = 64ull << 30,
@@ -37,6 +40,11 @@ static void env_open_fp(struct env *e, uint64_t budget, bool strict, bool finger
     assert_int_equal(fs_sim_stream_create(e->dev, &e->stream), FS_OK);
     uint32_t offsets[4] = {0, 8, 16, 24}, sizes[4] = {8, 8, 8, 8};
     assert_int_equal(fs_sim_register_kernel(e->dev, KERNEL, offsets, sizes, 4), FS_OK);
+}
+
+static void env_open_fp(struct env *e, uint64_t budget, bool strict, bool fingerprint)
+{
+    env_open_sim(e, budget, strict, fingerprint, 0.0);
 }
 
 /* Every test runs with fingerprints on, as the engine does by default (WRITEBACK). */
@@ -144,15 +152,18 @@ static uint8_t *kept(const uint8_t *ids, int n)
 }
 
 /* An asynchronous move's event and fingerprint buffer, as the plan executor gives each slot. */
+/* A move set up as the executor's slots are (core/executor.c slots_init). */
 static void move_init(struct env *e, struct fs_res_move *m)
 {
     assert_int_equal(fs_dev_call(e->dev, event_create, false, &m->ev), FS_OK);
+    assert_int_equal(fs_dev_call(e->dev, event_create, false, &m->fp_ev), FS_OK);
     assert_int_equal(fs_dev_call(e->dev, host_alloc, FS_FP_PARTS_BYTES, (void **)&m->parts), FS_OK);
 }
 
 static void move_fini(struct env *e, struct fs_res_move *m)
 {
     fs_dev_call(e->dev, event_destroy, m->ev);
+    fs_dev_call(e->dev, event_destroy, m->fp_ev);
     fs_dev_call(e->dev, host_free, m->parts);
 }
 
@@ -928,6 +939,51 @@ static void test_stage_redirects_launches_and_writes_back(void **state)
     env_close(&e);
 }
 
+/* A prefetch's fingerprint runs beside the link: the next copy does not wait for it (with
+ * fingerprints as slow as the copies, two stage-ins end at 3 copy times, not 4). A launch
+ * redirected to the new copy still runs after the fingerprint, so its write is written back at
+ * the stage's end (the fingerprint describes the host's data, not the kernel's result). */
+static void test_prefetch_fingerprint_beside_the_link(void **state)
+{
+    (void)state;
+    struct env e;
+    env_open_sim(&e, 64 * MIB, false, true, 55e9);
+    uint64_t sz = 16 * MIB, sizes[2] = {sz, sz};
+    fs_dptr v[2];
+    struct kctx k = {.words = (uint32_t)(sz / 4)};
+    alloc_filled(&e, v, 2, sz);
+    static const uint8_t roles[2] = {FS_PLAN_STAGED, FS_PLAN_STAGED};
+    fs_res_set_plan_roles(&e.res, kept(roles, 2), 2);
+    struct fs_alloc *A[2];
+    struct fs_res_move m[2] = {{0}};
+    for (int i = 0; i < 2; i++) {
+        A[i] = fs_res_lookup(&e.res, v[i]);
+        assert_int_equal(fs_res_evict_id(&e.res, A[i]->id), FS_OK);
+        move_init(&e, &m[i]);
+    }
+    assert_int_equal(fs_dev_call(e.dev, ctx_sync), FS_OK);
+    uint64_t t0 = fs_sim_now_ns(e.dev);
+    for (int i = 0; i < 2; i++) {
+        assert_int_equal(fs_res_move_begin(&e.res, A[i]->id, false, &m[i]), FS_OK);
+        assert_true(m[i].fp_side);
+    }
+    launch(&e, &v[0], &sizes[0], 1, 1000, add_one, &k);
+    for (int i = 0; i < 2; i++)
+        assert_int_equal(fs_res_move_end(&e.res, &m[i], true), FS_OK);
+    double copy_ns = (double)sz / 55e9 * 1e9;
+    double took = (double)(fs_sim_now_ns(e.dev) - t0);
+    if (took > 3.2 * copy_ns)
+        fail_msg("two stage-ins took %.0f ns, %.2f copy times", took, took / copy_ns);
+    for (int i = 0; i < 2; i++) {
+        assert_int_equal(A[i]->state, FS_RES_STAGED);
+        stage_move(&e, A[i]->id, true, &m[i]);
+        move_fini(&e, &m[i]);
+    }
+    check(&e, v[0], sz, 0, 1); /* written back */
+    check(&e, v[1], sz, 1, 0);
+    env_close(&e);
+}
+
 /* The synchronous stage (strict mode, or the mover's fallback): fs_res_prefetch_id of a staged
  * allocation makes its device copy without remapping, a launch runs on the copy, and
  * fs_res_evict_id ends the stage with the write-back of the change. */
@@ -1222,6 +1278,7 @@ int main(void)
         cmocka_unit_test(test_plan_host_role_is_read_in_place),
         cmocka_unit_test(test_stage_redirects_launches_and_writes_back),
         cmocka_unit_test(test_stage_synchronous_moves),
+        cmocka_unit_test(test_prefetch_fingerprint_beside_the_link),
         cmocka_unit_test(test_end_pointer_goes_with_its_allocation),
         cmocka_unit_test(test_unknown_launch_ends_stages),
         cmocka_unit_test(test_clean_eviction_skips_write_back),
