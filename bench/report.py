@@ -753,11 +753,19 @@ def cmd_build(args):
     return 0
 
 
+# Fields kept as text even when they read as numbers (commit 313e205 is a float to Python).
+TEXT_FIELDS = ("commit", "run_id", "name", "host", "gpu", "driver", "command", "model",
+               "workloads", "budgets", "systems")
+
+
 def parse_fields(fields):
     out = {}
     for kv in fields or []:
         k, _, v = kv.partition("=")
         if not k:
+            continue
+        if k in TEXT_FIELDS:
+            out[k] = v
             continue
         for conv in (int, float):
             try:
@@ -878,6 +886,9 @@ def selftest():
         if not cond:
             fails.append(name)
 
+    f = parse_fields(["commit=313e205", "run_id=20261203", "total_budget_s=520", "fake=0"])
+    check("fields: a commit stays text, numbers are numbers",
+          f == {"commit": "313e205", "run_id": "20261203", "total_budget_s": 520, "fake": 0}, f)
     s = parse_simulate(SIM_SAMPLE, [(50, 6906 * MiB), (25, 3453 * MiB)])
     check("simulate C", s.get("C_ms") == 7.855, s)
     check("simulate rows", len(s["rows"]) == 3, s)

@@ -304,6 +304,15 @@ expect "record: preloads the library beside the tool" "$tmp/o" "running true wit
 (cd "$tmp" && FLEXTENSOR_CONFIG= LD_PRELOAD="$asan_preload" "$TOOL" record -- false) >"$tmp/o" 2>&1; rc=$?
 expect_rc "record: the command's exit code is kept" 1 $rc "$tmp/o"
 
+# bench/overhead.sh without a GPU (FAKE=1: made-up numbers, nothing preloaded): rounds, ratio.
+echo '{}' > "$tmp/prof.json"
+FAKE=1 PROFILE="$tmp/prof.json" OUT="$tmp/ovh" ROUNDS=2 bash bench/overhead.sh >"$tmp/o" 2>&1; rc=$?
+expect_rc "overhead.sh FAKE=1 exits 0" 0 $rc "$tmp/o"
+expect "overhead.sh: two rounds, a ratio" "$tmp/o" 'medians of 2 and 2 runs\): ratio [0-9.]+'
+PROFILE="$tmp/none.json" OUT="$tmp/ovh" bash bench/overhead.sh >"$tmp/o" 2>&1; rc=$?
+expect_rc "overhead.sh: a missing profile exits 2" 2 $rc "$tmp/o"
+expect "overhead.sh: names the missing profile" "$tmp/o" "PROFILE=$tmp/none.json: no such file"
+
 # The benchmark's Python helpers (they run on the GPU machine; their self-tests run here).
 for py in bench/bench.py bench/report.py bench/trace_summary.py; do
     if python3 "$py" --selftest >"$tmp/o" 2>&1; then ok "$py --selftest"; else fail "$py --selftest" "$(tail -5 "$tmp/o")"; fi
