@@ -574,6 +574,8 @@ void fs_res_set_plan_roles(struct fs_residency *res, uint8_t *role, int n)
     free(res->plan_role);
     res->plan_role = role;
     res->nplan_role = role ? n : 0;
+    for (int i = 0; i < res->nallocs; i++)
+        STORE(&res->allocs[i]->kept, plan_role(res, res->allocs[i]) == FS_PLAN_KEPT);
     pthread_mutex_unlock(&res->lock);
 }
 
@@ -746,6 +748,7 @@ int fs_res_alloc(struct fs_residency *res, uint64_t size, fs_dptr *out)
     }
     a->id = res->next_id++;
     a->touch_epoch = 0;
+    STORE(&a->kept, plan_role(res, a) == FS_PLAN_KEPT);
     STAT(res, allocs_live, 1);
     STAT(res, bytes_live, a->mapped);
     update_host_target(res);
@@ -972,7 +975,11 @@ void fs_res_launch_done(struct fs_residency *res, uint64_t tick, fs_stream strea
                         struct fs_alloc *const *allocs, int n, bool queued, bool unknown)
 {
     struct fs_shared_event *e = NULL;
-    if (queued && n > 0 && !res->strict && LOAD(&res->pressure)) {
+    /* An event costs a driver call per launch: only where an allocation may move. */
+    bool may_move = false;
+    for (int i = 0; i < n && !may_move; i++)
+        may_move = !LOAD(&allocs[i]->kept);
+    if (queued && may_move && !res->strict && LOAD(&res->pressure)) {
         e = event_get(res);
         if (e && fs_dev_call(res->dev, event_record, e->ev, stream) != FS_OK) {
             e->refs = 1;

@@ -70,6 +70,9 @@ struct fs_alloc {
     struct fs_block *host;  /* host memory: the bytes when evicted; kept as write-back target */
     struct fs_shared_event *last_use; /* swapped atomically by launch exits */
     uint64_t event_tick;    /* the launch tick last_use covers; < last_tick: not covered */
+    /* the plan keeps it resident (atomic; changes under the lock): a launch that references only
+     * such allocations records no last-use event (an eviction on demand synchronizes instead) */
+    bool kept;
     int index;              /* in fs_residency.allocs */
     struct fs_fp fp;        /* fingerprint of the host copy, when fp_valid */
     bool fp_valid;          /* host block and device copy agreed when fp was taken */

@@ -984,6 +984,43 @@ static void test_prefetch_fingerprint_beside_the_link(void **state)
     env_close(&e);
 }
 
+/* Tracked mode under a plan: a launch that references only allocations the plan keeps resident
+ * records no last-use event (a driver call per launch); one that references an allocation that
+ * may move does, for all its references. An uncovered kept allocation evicted on demand
+ * synchronizes first, and its data is intact. */
+static void test_kept_allocations_record_no_events(void **state)
+{
+    (void)state;
+    struct env e;
+    env_open(&e, 64 * MIB, false);
+    uint64_t sz = 16 * MIB, sizes[2] = {sz, sz};
+    fs_dptr v[2];
+    struct kctx k = {.words = (uint32_t)(sz / 4)};
+    alloc_filled(&e, v, 2, sz);
+    static const uint8_t roles[2] = {FS_PLAN_KEPT, FS_PLAN_MOVED};
+    fs_res_set_plan_roles(&e.res, kept(roles, 2), 2);
+    fs_res_expect_moves(&e.res);
+    struct fs_alloc *A = fs_res_lookup(&e.res, v[0]), *B = fs_res_lookup(&e.res, v[1]);
+    assert_true(A->kept && !B->kept);
+    launch(&e, &v[0], &sizes[0], 1, 1000, add_one, &k);
+    assert_null(A->last_use);
+    launch(&e, &v[1], &sizes[1], 1, 1000, add_one, &k);
+    assert_non_null(B->last_use);
+    launch(&e, v, sizes, 2, 1000, add_one, &k); /* B may move: the event covers A too */
+    assert_non_null(A->last_use);
+    assert_true(A->event_tick >= A->last_tick);
+    launch(&e, &v[0], &sizes[0], 1, 1000, add_one, &k);
+    assert_true(A->event_tick < A->last_tick); /* not covered any more */
+    struct fs_res_stats s0, s1;
+    fs_res_get_stats(&e.res, &s0);
+    assert_int_equal(fs_res_evict_id(&e.res, A->id), FS_OK);
+    fs_res_get_stats(&e.res, &s1);
+    assert_int_equal(s1.quiesce_syncs, s0.quiesce_syncs + 1);
+    check(&e, v[0], sz, 0, 3);
+    check(&e, v[1], sz, 1, 1); /* add_one changes only its first range */
+    env_close(&e);
+}
+
 /* The synchronous stage (strict mode, or the mover's fallback): fs_res_prefetch_id of a staged
  * allocation makes its device copy without remapping, a launch runs on the copy, and
  * fs_res_evict_id ends the stage with the write-back of the change. */
@@ -1279,6 +1316,7 @@ int main(void)
         cmocka_unit_test(test_stage_redirects_launches_and_writes_back),
         cmocka_unit_test(test_stage_synchronous_moves),
         cmocka_unit_test(test_prefetch_fingerprint_beside_the_link),
+        cmocka_unit_test(test_kept_allocations_record_no_events),
         cmocka_unit_test(test_end_pointer_goes_with_its_allocation),
         cmocka_unit_test(test_unknown_launch_ends_stages),
         cmocka_unit_test(test_clean_eviction_skips_write_back),
