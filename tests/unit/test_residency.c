@@ -845,12 +845,19 @@ static void test_plan_host_role_is_read_in_place(void **state)
 
 /* One allocation of SIZE bytes (filled with seed 0) into V, with the plan role FS_PLAN_STAGED,
  * on host after a plain eviction: what redirect mode's plan starts from. */
+/* N allocations of SIZE, filled (alloc_filled), with the plan roles ROLES. */
+static void alloc_with_roles(struct env *e, fs_dptr *v, int n, uint64_t size,
+                             const uint8_t *roles)
+{
+    alloc_filled(e, v, n, size);
+    fs_res_set_plan_roles(&e->res, kept(roles, n), n);
+}
+
 static struct fs_alloc *alloc_staged_role(struct env *e, fs_dptr *v, uint64_t size)
 {
-    alloc_filled(e, v, 1, size);
-    struct fs_alloc *a = fs_res_lookup(&e->res, *v);
     static const uint8_t roles[1] = {FS_PLAN_STAGED};
-    fs_res_set_plan_roles(&e->res, kept(roles, 1), 1);
+    alloc_with_roles(e, v, 1, size, roles);
+    struct fs_alloc *a = fs_res_lookup(&e->res, *v);
     assert_int_equal(fs_res_evict_id(&e->res, a->id), FS_OK);
     return a;
 }
@@ -951,9 +958,8 @@ static void test_prefetch_fingerprint_beside_the_link(void **state)
     uint64_t sz = 16 * MIB, sizes[2] = {sz, sz};
     fs_dptr v[2];
     struct kctx k = {.words = (uint32_t)(sz / 4)};
-    alloc_filled(&e, v, 2, sz);
     static const uint8_t roles[2] = {FS_PLAN_STAGED, FS_PLAN_STAGED};
-    fs_res_set_plan_roles(&e.res, kept(roles, 2), 2);
+    alloc_with_roles(&e, v, 2, sz, roles);
     struct fs_alloc *A[2];
     struct fs_res_move m[2] = {{0}};
     for (int i = 0; i < 2; i++) {
@@ -996,9 +1002,8 @@ static void test_kept_allocations_record_no_events(void **state)
     uint64_t sz = 16 * MIB, sizes[2] = {sz, sz};
     fs_dptr v[2];
     struct kctx k = {.words = (uint32_t)(sz / 4)};
-    alloc_filled(&e, v, 2, sz);
     static const uint8_t roles[2] = {FS_PLAN_KEPT, FS_PLAN_MOVED};
-    fs_res_set_plan_roles(&e.res, kept(roles, 2), 2);
+    alloc_with_roles(&e, v, 2, sz, roles);
     fs_res_expect_moves(&e.res);
     struct fs_alloc *A = fs_res_lookup(&e.res, v[0]), *B = fs_res_lookup(&e.res, v[1]);
     assert_true(A->kept && !B->kept);
