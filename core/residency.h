@@ -10,7 +10,8 @@
  *     queued finish queuing, and synchronizes the device: nothing can touch the range, not even
  *     a kernel that reaches it through a pointer kept in device memory;
  *   - tracked: only launches that referenced the allocation are waited for: its last-use event
- *     (recorded once memory pressure began, or a plan runs) must have fired; an allocation
+ *     (recorded once memory pressure began, or a plan runs, by launches that reference an
+ *     allocation the plan does not keep resident) must have fired; an allocation
  *     touched since the last full synchronize with no covering event, or any launch whose
  *     parameters could not be read queued since then, forces a full synchronize first. Epochs
  *     tell "since": a full synchronize starts a new epoch before it begins, and launches are
