@@ -332,6 +332,8 @@ static struct fs_shared_event *last_use_of(struct fs_residency *res, struct fs_a
         *untouched = true;
         return NULL;
     }
+    if (LOAD(&a->skip_epoch) >= synced) /* a use since the synchronize that no event covers */
+        return NULL;
     struct fs_shared_event *e = a->last_use;
     return e && a->event_tick >= LOAD(&a->last_tick) ? e : NULL;
 }
@@ -1006,8 +1008,11 @@ void fs_res_launch_done(struct fs_residency *res, uint64_t tick, fs_stream strea
     uint64_t epoch = LOAD(&res->epoch);
     for (int i = 0; i < n; i++) {
         STORE(&allocs[i]->touch_epoch, epoch);
-        if (queued)
+        if (queued) {
             STORE(&allocs[i]->last_tick, tick);
+            if (!e)
+                STORE(&allocs[i]->skip_epoch, epoch);
+        }
         __atomic_sub_fetch(&allocs[i]->inflight, 1, __ATOMIC_SEQ_CST);
     }
     /* Stamped before leaving the gate: a remap waiting there then sees it and synchronizes. */

@@ -74,6 +74,10 @@ struct fs_alloc {
     /* the plan keeps it resident (atomic; changes under the lock): a launch that references only
      * such allocations records no last-use event (an eviction on demand synchronizes instead) */
     bool kept;
+    /* epoch of the last launch queued with a reference to it and no last-use event (atomic):
+     * until a full synchronize completes after it, no event covers A, not even a later one
+     * (which may be on another stream) */
+    uint64_t skip_epoch;
     int index;              /* in fs_residency.allocs */
     struct fs_fp fp;        /* fingerprint of the host copy, when fp_valid */
     bool fp_valid;          /* host block and device copy agreed when fp was taken */
