@@ -381,6 +381,14 @@ class StepGaps:
 GAP_STEPS = 3
 
 
+def measure_gaps(model, step, res, steps=GAP_STEPS):
+    """StepGaps over STEPS runs of STEP (one step of the workload) into RES."""
+    gaps = StepGaps(model)
+    for _ in range(steps):
+        gaps.step(step)
+    gaps.done(res)
+
+
 def run_prefill(model, args, res, stop):
     import torch
 
@@ -411,10 +419,7 @@ def run_prefill(model, args, res, stop):
                 print(f"  profile saved at iteration {stop.seen_at + 1}: stopping", flush=True)
                 break
         if args.system == "noshim":
-            gaps = StepGaps(model)
-            for _ in range(GAP_STEPS):
-                gaps.step(lambda: model(input_ids=x, use_cache=False))
-            gaps.done(res)
+            measure_gaps(model, lambda: model(input_ids=x, use_cache=False), res)
     res["fingerprint"] = {"kind": "logits-rowsum-sha256", "value": hashes[-1],
                           "last_position_argmax": last_tokens,
                           "stable": len(set(hashes)) == 1, "distinct": len(set(hashes))}
@@ -464,16 +469,14 @@ def run_decode(model, args, res, stop):
                 print(f"  profile saved at step {stop.seen_at + 1}: stopping", flush=True)
                 break
         if args.system == "noshim":  # not in the token list: the fingerprint does not see them
-            gaps, state = StepGaps(model), {"cur": cur, "past": past}
+            state = {"cur": cur, "past": past}
 
             def gap_step():
                 o = model(input_ids=state["cur"], past_key_values=state["past"], use_cache=True)
                 state["past"] = o.past_key_values
                 state["cur"] = o.logits[:, -1, :].argmax(dim=-1, keepdim=True)
 
-            for _ in range(GAP_STEPS):
-                gaps.step(gap_step)
-            gaps.done(res)
+            measure_gaps(model, gap_step, res)
         tokens = [int(t) for t in torch.cat(toks, dim=1).flatten().cpu().tolist()]
     res["fingerprint"] = {"kind": "tokens", "value": hashlib.sha256(
         json.dumps(tokens).encode()).hexdigest()[:16], "tokens": tokens}
@@ -725,7 +728,6 @@ def selftest():
     sys.modules["torch"] = fake_torch
     try:
         mdl = Model()
-        gaps = StepGaps(mdl)
         emb, proj, head = (m for _, m in mdl.mods[1:])
 
         def fake_step():
@@ -734,10 +736,8 @@ def selftest():
             proj()
             head()
 
-        for _ in range(2):
-            gaps.step(fake_step)
         res = {}
-        gaps.done(res)
+        measure_gaps(mdl, fake_step, res, 2)
     finally:
         if saved is None:
             del sys.modules["torch"]

@@ -22,27 +22,26 @@ MODE=${MODE:-redirect}
 PY=${PY:-python3}
 LIB=$PWD/dist/lib/libflexshim.so
 [ -f "$PROFILE" ] || { echo "overhead.sh: PROFILE=$PROFILE: no such file" >&2; exit 2; }
+# shellcheck source=bench/shim_env.sh
+. bench/shim_env.sh
 ARGS=()
-PRELOAD=$LIB
 if [ "${FAKE:-0}" = 1 ]; then
     ARGS=(--fake)
-    PRELOAD=
 elif [ ! -f "$LIB" ]; then
     echo "overhead.sh: $LIB missing: run make dist" >&2
     exit 2
 fi
 mkdir -p "$OUT"
 mib=$("$PY" bench/bench.py --model "$MODEL" --print-budgets "$PCT" | awk '{print $3}')
-export FLEXTENSOR_CONFIG= PYTHONUNBUFFERED=1
+export FLEXTENSOR_CONFIG='' PYTHONUNBUFFERED=1
 
 for r in $(seq 1 "$ROUNDS"); do
     echo "---- round $r/$ROUNDS: noshim"
     "$PY" bench/bench.py --system noshim --workload decode --model "$MODEL" --budget-pct 100 \
         --result "$OUT/noshim-$r.json" "${ARGS[@]}" > "$OUT/noshim-$r.out" 2>&1 || tail -5 "$OUT/noshim-$r.out"
     echo "---- round $r/$ROUNDS: flexshim ($MODE, ${PCT}% = ${mib} MiB)"
-    env LD_PRELOAD="$PRELOAD" FLEXTENSOR_GPU_MEMORY_LIMIT="${mib}MiB" FLEXTENSOR_PROFILE="$PROFILE" \
-        FLEXTENSOR_OFFLOAD_MODE="$MODE" FLEXTENSOR_REMAP_SAFETY=tracked \
-        FLEXTENSOR_LOG_LEVEL=info FLEXTENSOR_LOG_FILE="$OUT/shim-$r.log" \
+    # shellcheck disable=SC2046
+    $(shim_env "$mib" "$OUT/shim-$r.log" "$PROFILE") FLEXTENSOR_OFFLOAD_MODE="$MODE" \
         "$PY" bench/bench.py --system "flexshim_$MODE" --workload decode --model "$MODEL" \
         --budget-pct "$PCT" --result "$OUT/shim-$r.json" "${ARGS[@]}" > "$OUT/shim-$r.out" 2>&1 ||
         tail -5 "$OUT/shim-$r.out"

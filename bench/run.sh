@@ -185,22 +185,9 @@ run_one() {
     return "$rc"
 }
 
-# The environment of a shimmed run: budget MIB, log LOG, profile PROF (empty: none).
-shim_env() {
-    local mib=$1 log=$2 prof=${3:-}
-    if [ "$FAKE" = 1 ]; then
-        echo env
-        return
-    fi
-    # REMAP_SAFETY=tracked: strict (the default) synchronizes the whole device at every move, so
-    # no prefetch could overlap compute; tracked waits only for the launches that used the
-    # allocation, which is safe here because the model keeps no pointers in device memory.
-    # A measured run (from a profile) also writes its run trace (flexshim-profile's timeline of
-    # the engine's moves, remaps and waits) beside its log.
-    echo env LD_PRELOAD="$LIB" FLEXTENSOR_GPU_MEMORY_LIMIT="${mib}MiB" \
-        FLEXTENSOR_REMAP_SAFETY=tracked FLEXTENSOR_LOG_LEVEL=info FLEXTENSOR_LOG_FILE="$log" \
-        ${prof:+FLEXTENSOR_PROFILE="$prof" FLEXTENSOR_TRACE_OUT="${log%.log}.trace.json"}
-}
+# The environment of a shimmed run (shim_env MIB LOG PROFILE TRACE).
+# shellcheck source=bench/shim_env.sh
+. "$ROOT/bench/shim_env.sh"
 
 # ---- the steps -------------------------------------------------------------------------------
 preamble() {
@@ -304,9 +291,12 @@ step_flexshim() {
                 echo "==== $sys $wl ${pct}% ($mode)"
                 SHIM_LOG=$LOGS/shim-$sys-$wl-$pct.log
                 EXTRA=("mode=$mode" "profile=${prof:-none}")
+                # A measured run from a profile also writes its run trace (the timeline of the
+                # engine's moves, remaps and waits) beside its log.
                 # shellcheck disable=SC2046
                 run_one "$sys-$wl-$pct" "$sys" "$wl" "$pct" measure "$MIN_RUN_S" -- \
-                    $(shim_env "${BUDGET_MIB[$pct]}" "$SHIM_LOG" "$prof") \
+                    $(shim_env "${BUDGET_MIB[$pct]}" "$SHIM_LOG" "$prof" \
+                        "${prof:+${SHIM_LOG%.log}.trace.json}") \
                     $(offload_env "$sys")
             done
         done

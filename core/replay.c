@@ -174,10 +174,10 @@ static int start_engine(struct replay *r, const struct fs_replay_config *cfg, ch
     int n = 6;
     if (cfg->strategy)
         envp[n++] = strategy;
-    snprintf(mode, sizeof(mode), "FLEXTENSOR_OFFLOAD_MODE=%s",
-             cfg->offload_mode ? cfg->offload_mode : "");
-    if (cfg->offload_mode)
+    if (cfg->offload_mode) {
+        snprintf(mode, sizeof(mode), "FLEXTENSOR_OFFLOAD_MODE=%s", cfg->offload_mode);
         envp[n++] = mode;
+    }
     envp[n] = NULL;
     fs_engine_teardown();
     fs_engine_use_device(r->dev);

@@ -466,6 +466,29 @@ static int write_back(struct fs_residency *res, struct fs_alloc *a)
 
 /* ---- eviction and fault-in (lock held) ------------------------------------------------------ */
 
+/* A move of A that failed, left in STATE: counted, and said in one warning ("DOING allocation
+ * N (B bytes) failed (why); OUTCOME"). Lock held. */
+static void move_abandoned(struct fs_residency *res, struct fs_alloc *a, const char *doing,
+                           int rc, const char *outcome, int state)
+{
+    STAT(res, failures, 1);
+    FS_WARN("%s allocation %llu (%llu bytes) failed (%s); %s", doing, (unsigned long long)a->id,
+            (unsigned long long)a->size, fs_err_str(rc), outcome);
+    end_move(res, a, state);
+}
+
+/* A is on the device now, brought in by the plan (STAGED: as a device copy). */
+static void count_move_in(struct fs_residency *res, const struct fs_alloc *a, bool staged)
+{
+    if (staged) {
+        STAT(res, stage_ins, 1);
+        STAT(res, staged_bytes, a->mapped);
+    } else {
+        STAT(res, prefetches, 1);
+        STAT(res, prefetched_bytes, a->mapped);
+    }
+}
+
 /* End A's stage: once its last use is done, write its device copy back if it changed, and give
  * the block back; launches then read A from host. */
 static int unstage_locked(struct fs_residency *res, struct fs_alloc *a)
@@ -481,11 +504,8 @@ static int unstage_locked(struct fs_residency *res, struct fs_alloc *a)
     quiesce_end(res);
     if (rc != FS_OK) {
         set_stage(res, a, stage_va); /* the device copy may be the only current one */
-        STAT(res, failures, 1);
-        FS_WARN("ending the device copy of allocation %llu (%llu bytes) failed (%s); launches "
-                "keep using it", (unsigned long long)a->id, (unsigned long long)a->size,
-                fs_err_str(rc));
-        end_move(res, a, FS_RES_STAGED);
+        move_abandoned(res, a, "ending the device copy of", rc, "launches keep using it",
+                       FS_RES_STAGED);
         return rc;
     }
     fs_phys_pool_put(&res->dev_pool, a->dev);
@@ -527,10 +547,7 @@ static int evict_locked(struct fs_residency *res, struct fs_alloc *a)
     end_move(res, a, FS_RES_HOST);
     return FS_OK;
 fail:
-    STAT(res, failures, 1);
-    FS_WARN("evicting allocation %llu (%llu bytes) failed (%s); it stays on the device",
-            (unsigned long long)a->id, (unsigned long long)a->size, fs_err_str(rc));
-    end_move(res, a, FS_RES_DEVICE);
+    move_abandoned(res, a, "evicting", rc, "it stays on the device", FS_RES_DEVICE);
     return rc;
 }
 
@@ -651,19 +668,14 @@ static int fault_in_locked(struct fs_residency *res, struct fs_alloc *a,
     if (rc != FS_OK) {
         fs_phys_pool_put(&res->dev_pool, a->dev);
         a->dev = NULL;
-        STAT(res, failures, 1);
-        FS_WARN("bringing allocation %llu (%llu bytes) back to the device failed (%s); it is "
-                "read from host memory", (unsigned long long)a->id, (unsigned long long)a->size,
-                fs_err_str(rc));
-        end_move(res, a, FS_RES_HOST);
+        move_abandoned(res, a, "bringing back", rc, "it is read from host memory", FS_RES_HOST);
         return rc;
     }
     /* Just brought in for a use to come: not the least recently used. */
     STORE(&a->lru_tick, LOAD(&res->tick));
     if (stage) {
         set_stage(res, a, a->dev->copy_va);
-        STAT(res, stage_ins, 1);
-        STAT(res, staged_bytes, a->mapped);
+        count_move_in(res, a, true);
     }
     end_move(res, a, stage ? FS_RES_STAGED : FS_RES_DEVICE);
     return FS_OK;
@@ -823,6 +835,17 @@ static void leave_gate(struct fs_residency *res, bool unknown)
         __atomic_sub_fetch(&res->launches_inflight, 1, __ATOMIC_SEQ_CST);
 }
 
+/* End A's stage on the program's thread, for a launch that cannot be redirected (counted): once
+ * the launches being queued that hold it are through. Lock held. */
+static void unstage_now(struct fs_residency *res, struct fs_alloc *a)
+{
+    int rc;
+    while ((rc = unstage_locked(res, a)) == FS_ERR_NOT_READY)
+        sched_yield();
+    if (rc == FS_OK)
+        STAT(res, unstage_syncs, 1);
+}
+
 /* End every stage (for an unknown launch). False during a capture, where nothing may wait: the
  * captured work then reads host copies. */
 static bool unstage_all(struct fs_residency *res, fs_stream stream)
@@ -840,11 +863,7 @@ static bool unstage_all(struct fs_residency *res, fs_stream stream)
         }
         if (LOAD(&a->state) != FS_RES_STAGED)
             continue;
-        int rc;
-        while ((rc = unstage_locked(res, a)) == FS_ERR_NOT_READY)
-            sched_yield(); /* another launch being queued holds it */
-        if (rc == FS_OK)
-            STAT(res, unstage_syncs, 1);
+        unstage_now(res, a);
     }
     pthread_mutex_unlock(&res->lock);
     return true;
@@ -927,13 +946,8 @@ uint64_t fs_res_launch_begin(struct fs_residency *res, struct fs_alloc *const *a
         }
         /* A copy or memset reads or writes the VA itself: end the stage, so that it touches
          * the only copy. It waits for the stage's last use (another launch may hold it). */
-        if (LOAD(&a->state) == FS_RES_STAGED && fixed && !capturing) {
-            int rc;
-            while ((rc = unstage_locked(res, a)) == FS_ERR_NOT_READY)
-                sched_yield();
-            if (rc == FS_OK)
-                STAT(res, unstage_syncs, 1);
-        }
+        if (LOAD(&a->state) == FS_RES_STAGED && fixed && !capturing)
+            unstage_now(res, a);
         int role = plan_role(res, a);
         if (LOAD(&a->state) == FS_RES_HOST && !capturing && role != FS_PLAN_HOST &&
             role != FS_PLAN_STAGED && fault_in_locked(res, a, allocs, n, false) == FS_OK) {
@@ -979,9 +993,10 @@ void fs_res_launch_done(struct fs_residency *res, uint64_t tick, fs_stream strea
     struct fs_shared_event *e = NULL;
     /* An event costs a driver call per launch: only where an allocation may move. */
     bool may_move = false;
-    for (int i = 0; i < n && !may_move; i++)
-        may_move = !LOAD(&allocs[i]->kept);
-    if (queued && may_move && !res->strict && LOAD(&res->pressure)) {
+    if (queued && !res->strict && LOAD(&res->pressure))
+        for (int i = 0; i < n && !may_move; i++)
+            may_move = !LOAD(&allocs[i]->kept);
+    if (may_move) {
         e = event_get(res);
         if (e && fs_dev_call(res->dev, event_record, e->ev, stream) != FS_OK) {
             e->refs = 1;
@@ -1169,7 +1184,7 @@ int fs_res_move_begin(struct fs_residency *res, uint64_t id, bool evict, struct 
          * if even that fails, the block is never reused. */
         bool stuck = queued &&
                      (fs_dev_call(res->dev, stream_sync, evict ? res->d2h : res->h2d) != FS_OK ||
-                      (m->fp_queued && res->fp_side &&
+                      (!evict && m->fp_queued && res->fp_side &&
                        fs_dev_call(res->dev, stream_sync, res->fp_side) != FS_OK));
         if (stuck && m->block) {
             FS_WARN("a device block of %llu bytes is set aside: its copy may still be running",
@@ -1251,13 +1266,10 @@ static void move_failed(struct fs_residency *res, struct fs_res_move *m, int rc)
         a->fp_valid = false;
         res->evictions_inflight--;
     }
-    STAT(res, failures, 1);
-    FS_WARN("%s allocation %llu (%llu bytes) failed (%s); it stays where it was",
-            m->evict ? "evicting" : "prefetching", (unsigned long long)a->id,
-            (unsigned long long)a->size, fs_err_str(rc));
     /* A stage that did not end keeps its device copy (maybe the only current one). */
     set_stage(res, a, m->evict && m->staged ? a->dev->copy_va : 0);
-    end_move(res, a, move_origin(m));
+    move_abandoned(res, a, m->evict ? "evicting" : "prefetching", rc, "it stays where it was",
+                   move_origin(m));
 }
 
 /* A's VA is unmapped and its data is in its host block, which could not be mapped there: bring
@@ -1431,13 +1443,7 @@ int fs_res_move_end(struct fs_residency *res, struct fs_res_move *m, bool wait)
         a->fp = m->fp;
         a->fp_valid = m->fp_known;
         STORE(&a->lru_tick, LOAD(&res->tick)); /* brought in for a use to come */
-        if (m->staged) {
-            STAT(res, stage_ins, 1);
-            STAT(res, staged_bytes, a->mapped);
-        } else {
-            STAT(res, prefetches, 1);
-            STAT(res, prefetched_bytes, a->mapped);
-        }
+        count_move_in(res, a, m->staged);
         end_move(res, a, m->staged ? FS_RES_STAGED : FS_RES_DEVICE);
     } else {
         move_failed(res, m, rc);
@@ -1462,10 +1468,8 @@ int fs_res_prefetch_id(struct fs_residency *res, uint64_t id)
         bool stage = plan_role(res, a) == FS_PLAN_STAGED && LOAD(&res->unknown_epoch) == 0;
         bool moves = LOAD(&a->state) == FS_RES_HOST && !stage; /* a stage counts itself */
         rc = fault_in_locked(res, a, NULL, 0, stage);
-        if (rc == FS_OK && moves) {
-            STAT(res, prefetches, 1);
-            STAT(res, prefetched_bytes, a->mapped);
-        }
+        if (rc == FS_OK && moves)
+            count_move_in(res, a, false);
     }
     pthread_mutex_unlock(&res->lock);
     return rc;
