@@ -6,12 +6,16 @@
 # one session, so that both see the same machine (single runs of the same program differ by up to
 # 10% between processes). No run trace, no debug log: the shim as a user runs it.
 #
-#   PROFILE=prof-decode.json OUT=dir [ROUNDS=3 PCT=105 MODEL=7b MODE=redirect] bash bench/overhead.sh
+#   PROFILE=prof-decode.json OUT=dir [ROUNDS=3 PCT=105 MODEL=7b MODE=redirect SIDES="noshim shim"] \
+#       bash bench/overhead.sh
 #
+# SIDES, run in this order each round: noshim (no shim), shim (the shim as a user runs it: with
+# nothing to move it stops watching launches), watch (FLEXTENSOR_PAUSE_TRACKING=0: it watches
+# every launch, the cost a plan that moves something pays on each).
 # PROFILE: a decode profile of the same model (bench/run.sh leaves one in bench-logs.tar.gz).
 # FAKE=1: no GPU; bench.py makes numbers up and nothing is preloaded (tests this script).
-# Prints each run's median step, then the median of each side's medians and their ratio; the
-# results (bench.py JSON) and the shim's logs stay in OUT.
+# Prints each run's median step, then the median of each side's medians and its ratio to noshim's;
+# the results (bench.py JSON) and the shim's logs stay in OUT.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 : "${PROFILE:?PROFILE=a decode profile}" "${OUT:?OUT=a directory}"
@@ -19,6 +23,7 @@ ROUNDS=${ROUNDS:-3}
 PCT=${PCT:-105}
 MODEL=${MODEL:-7b}
 MODE=${MODE:-redirect}
+read -r -a sides <<<"${SIDES:-noshim shim}"
 PY=${PY:-python3}
 LIB=$PWD/dist/lib/libflexshim.so
 [ -f "$PROFILE" ] || { echo "overhead.sh: PROFILE=$PROFILE: no such file" >&2; exit 2; }
@@ -35,25 +40,41 @@ mkdir -p "$OUT"
 mib=$("$PY" bench/bench.py --model "$MODEL" --print-budgets "$PCT" | awk '{print $3}')
 export FLEXTENSOR_CONFIG='' PYTHONUNBUFFERED=1
 
+for side in "${sides[@]}"; do
+    case $side in
+    noshim | shim | watch) ;;
+    *) echo "overhead.sh: SIDES=${sides[*]}: unknown side $side (noshim, shim, watch)" >&2; exit 2 ;;
+    esac
+done
+case " ${sides[*]} " in *" noshim "*) ;; *) echo "overhead.sh: SIDES must include noshim" >&2; exit 2 ;; esac
+
 for r in $(seq 1 "$ROUNDS"); do
-    echo "---- round $r/$ROUNDS: noshim"
-    "$PY" bench/bench.py --system noshim --workload decode --model "$MODEL" --budget-pct 100 \
-        --result "$OUT/noshim-$r.json" "${ARGS[@]}" > "$OUT/noshim-$r.out" 2>&1 || tail -5 "$OUT/noshim-$r.out"
-    echo "---- round $r/$ROUNDS: flexshim ($MODE, ${PCT}% = ${mib} MiB)"
-    # shellcheck disable=SC2046
-    $(shim_env "$mib" "$OUT/shim-$r.log" "$PROFILE") FLEXTENSOR_OFFLOAD_MODE="$MODE" \
-        "$PY" bench/bench.py --system "flexshim_$MODE" --workload decode --model "$MODEL" \
-        --budget-pct "$PCT" --result "$OUT/shim-$r.json" "${ARGS[@]}" > "$OUT/shim-$r.out" 2>&1 ||
-        tail -5 "$OUT/shim-$r.out"
+    for side in "${sides[@]}"; do
+        res=(--result "$OUT/$side-$r.json" "${ARGS[@]}")
+        if [ "$side" = noshim ]; then
+            echo "---- round $r/$ROUNDS: noshim"
+            "$PY" bench/bench.py --system noshim --workload decode --model "$MODEL" --budget-pct 100 \
+                "${res[@]}" > "$OUT/$side-$r.out" 2>&1 || tail -5 "$OUT/$side-$r.out"
+            continue
+        fi
+        pause=1
+        [ "$side" = watch ] && pause=0
+        echo "---- round $r/$ROUNDS: $side ($MODE, ${PCT}% = ${mib} MiB, PAUSE_TRACKING=$pause)"
+        # shellcheck disable=SC2046
+        $(shim_env "$mib" "$OUT/$side-$r.log" "$PROFILE") FLEXTENSOR_OFFLOAD_MODE="$MODE" \
+            FLEXTENSOR_PAUSE_TRACKING=$pause \
+            "$PY" bench/bench.py --system "flexshim_$MODE" --workload decode --model "$MODEL" \
+            --budget-pct "$PCT" "${res[@]}" > "$OUT/$side-$r.out" 2>&1 || tail -5 "$OUT/$side-$r.out"
+    done
 done
 
-"$PY" - "$OUT" "$ROUNDS" <<'EOF'
+"$PY" - "$OUT" "$ROUNDS" "${sides[@]}" <<'EOF'
 import json, os, statistics, sys
 
-out, rounds = sys.argv[1], int(sys.argv[2])
-med = {"noshim": [], "shim": []}
+out, rounds, sides = sys.argv[1], int(sys.argv[2]), sys.argv[3:]
+med = {side: [] for side in sides}
 for r in range(1, rounds + 1):
-    for side in med:
+    for side in sides:
         path = os.path.join(out, f"{side}-{r}.json")
         try:
             ms = json.load(open(path)).get("step_ms_median")
@@ -62,11 +83,13 @@ for r in range(1, rounds + 1):
         print(f"round {r} {side:6s} median step {ms} ms")
         if ms is not None:
             med[side].append(ms)
-if med["noshim"] and med["shim"]:
-    a, b = statistics.median(med["noshim"]), statistics.median(med["shim"])
-    print(f"noshim {a:.2f} ms, flexshim {b:.2f} ms (medians of {len(med['noshim'])} and "
-          f"{len(med['shim'])} runs): ratio {b / a:.3f}")
-else:
+if not med["noshim"] or not all(med.values()):
     print("no ratio: a side has no result")
     sys.exit(1)
+base = statistics.median(med["noshim"])
+print(f"noshim {base:.2f} ms (median of {len(med['noshim'])} runs)")
+for side in sides:
+    if side != "noshim":
+        m = statistics.median(med[side])
+        print(f"{side} {m:.2f} ms (median of {len(med[side])} runs): ratio {m / base:.3f}")
 EOF

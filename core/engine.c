@@ -3,6 +3,7 @@
 #include <dlfcn.h>
 #include <errno.h>
 #include <pthread.h>
+#include <sched.h>
 #include <stdlib.h>
 #include <string.h>
 
@@ -29,7 +30,7 @@ static struct {
     bool active;
     int start_state; /* atomic */
     pthread_mutex_t start_lock;
-    int (*tracker)(void);
+    const struct fs_tracker *tracker;
     struct fs_device *dev;
     bool dev_injected;
     struct fs_residency res;
@@ -37,8 +38,16 @@ static struct {
     bool planning;
     struct fs_recorder rec;
     struct fs_executor exec;
+    /* Launch tracking paused (try_pause): PAUSING lets launches through untracked (atomic),
+     * PAUSED says the tracker stopped reporting them, OPEN counts the tracked launches between
+     * enter and exit (atomic). */
+    pthread_mutex_t pause_lock;
+    bool can_pause;
+    int pausing;
+    bool paused;
+    uint64_t open;
     struct fs_engine_stats stats;
-} eng = {.start_lock = PTHREAD_MUTEX_INITIALIZER};
+} eng = {.start_lock = PTHREAD_MUTEX_INITIALIZER, .pause_lock = PTHREAD_MUTEX_INITIALIZER};
 
 #define STAT_ADD(field, n) __atomic_add_fetch(&eng.stats.field, (n), __ATOMIC_RELAXED)
 
@@ -59,7 +68,7 @@ static void warn_inactive_settings(const struct fs_config *cfg)
     static const enum fs_param_id with_profile[] = {FS_P_STRATEGY, FS_P_DISCOVERY_ITERS,
                                                     FS_P_PROFILING_ITERS, FS_P_ITERATION_KERNEL,
                                                     FS_P_PLAN_HEADROOM, FS_P_OFFLOAD_MODE,
-                                                    FS_P_LATE_PREFETCH};
+                                                    FS_P_LATE_PREFETCH, FS_P_PAUSE_TRACKING};
     if (cfg->v[FS_P_LATE_PREFETCH].src != FS_SRC_DEFAULT &&
         fs_config_u64(cfg, FS_P_OFFLOAD_MODE) != FS_OFFLOAD_REDIRECT)
         FS_WARN("%s is set but acts only with %s=redirect",
@@ -124,9 +133,9 @@ int fs_engine_init(char *const *envp)
     return FS_OK;
 }
 
-void fs_engine_set_tracker(int (*start)(void))
+void fs_engine_set_tracker(const struct fs_tracker *t)
 {
-    eng.tracker = start;
+    eng.tracker = t;
 }
 
 void fs_engine_use_device(struct fs_device *dev)
@@ -343,9 +352,10 @@ static int start_locked(int want)
     if (rc != FS_OK)
         goto fail_launch;
     if (eng.tracker) {
-        rc = eng.tracker();
+        rc = eng.tracker->start();
         if (rc != FS_OK)
             goto fail_rec; /* the tracker said why */
+        eng.can_pause = eng.tracker->pause && fs_config_u64(cfg, FS_P_PAUSE_TRACKING) != 0;
     }
     eng.stats.budget = budget;
     if (fs_config_str(cfg, FS_P_TRACE_OUT)[0] && !fs_rt_on() &&
@@ -396,6 +406,75 @@ static bool started(void)
     return __atomic_load_n(&eng.start_state, __ATOMIC_ACQUIRE) == STARTED;
 }
 
+/* ---- pausing launch tracking ------------------------------------------------------------------
+ * While the plan moves nothing and every allocation is on the device, watching launches only
+ * costs time (CUPTI's callbacks, about 0.5 us a launch: a few percent of a launch-bound step), so
+ * tracking pauses. Launches the engine does not see may use any allocation that exists, at any
+ * time, so every allocation on the device then is frozen (never moved again, residency.h), and
+ * so is every one placed there while paused. An allocation that does not fit resumes tracking
+ * before the program gets it; it, and the ones after it, are managed as usual among themselves.
+ *
+ * The switch: launches already being tracked must end first (their exit reports would be lost),
+ * so PAUSING is set, the tracked launches in flight (OPEN) are waited for, and only then is the
+ * tracker stopped; a launch that begins meanwhile sees PAUSING and passes untracked. */
+
+/* Called by the program's allocation and free calls (never from a launch report). */
+static void try_pause(void)
+{
+    if (!eng.can_pause || __atomic_load_n(&eng.pausing, __ATOMIC_ACQUIRE) ||
+        fs_rec_active(&eng.rec) || !fs_exec_moves_nothing(&eng.exec))
+        return;
+    pthread_mutex_lock(&eng.pause_lock);
+    if (eng.pausing || fs_res_freeze(&eng.res) != FS_OK)
+        goto out;
+    __atomic_store_n(&eng.pausing, 1, __ATOMIC_SEQ_CST);
+    while (__atomic_load_n(&eng.open, __ATOMIC_SEQ_CST) != 0)
+        sched_yield();
+    /* A tracked launch's exit may have given the plan up (discovery needs the launches). */
+    if (!fs_rec_active(&eng.rec) && fs_exec_moves_nothing(&eng.exec) &&
+        eng.tracker->pause(true) == FS_OK) {
+        eng.paused = true;
+        STAT_ADD(tracking_pauses, 1);
+        FS_INFO("launch tracking paused: the plan moves nothing and every allocation fits");
+    } else {
+        /* The allocations stay frozen: launches passed untracked meanwhile. */
+        __atomic_store_n(&eng.pausing, 0, __ATOMIC_SEQ_CST);
+        fs_res_stop_freezing(&eng.res);
+        eng.can_pause = false;
+        FS_WARN("launch tracking could not pause; it goes on (the allocations made so far stay "
+                "on the device)");
+    }
+out:
+    pthread_mutex_unlock(&eng.pause_lock);
+}
+
+/* Track launches again (WHY: a line for the log). */
+static void resume_tracking(const char *why)
+{
+    if (!__atomic_load_n(&eng.pausing, __ATOMIC_ACQUIRE))
+        return;
+    pthread_mutex_lock(&eng.pause_lock);
+    if (!eng.pausing)
+        goto out;
+    if (eng.paused && eng.tracker->pause(false) != FS_OK) {
+        FS_WARN("%s, but launch tracking cannot resume: it stays paused and nothing moves (the "
+                "allocation works from host memory)", why);
+        goto out;
+    }
+    eng.paused = false;
+    __atomic_store_n(&eng.pausing, 0, __ATOMIC_SEQ_CST);
+    fs_res_stop_freezing(&eng.res);
+    STAT_ADD(tracking_resumes, 1);
+    struct fs_res_stats r;
+    fs_res_get_stats(&eng.res, &r);
+    FS_WARN("%s: launch tracking resumed; the %llu allocations placed on the device while it "
+            "was paused stay there, and what does not fit beside them works from host memory "
+            "(record the profile again at this budget, or set %s=0)", why,
+            (unsigned long long)r.frozen, fs_param_defs[FS_P_PAUSE_TRACKING].env_name);
+out:
+    pthread_mutex_unlock(&eng.pause_lock);
+}
+
 int fs_engine_alloc(uint64_t size, int ordinal, uint64_t *ptr_out)
 {
     if (!eng.active || size < fs_config_u64(&eng.cfg, FS_P_MIN_OFFLOAD_BYTES))
@@ -425,9 +504,18 @@ int fs_engine_alloc(uint64_t size, int ordinal, uint64_t *ptr_out)
         if (fs_exec_note_alloc(&eng.exec, a->id, a->size, &why) != FS_OK) {
             FS_WARN("the plan's profile does not match this program: %s; discovering it again",
                     why);
+            resume_tracking("the program left its profile");
             fs_rec_restart(&eng.rec);
         }
     }
+    if (FS_UNLIKELY(__atomic_load_n(&eng.pausing, __ATOMIC_ACQUIRE)) &&
+        !fs_res_on_device(fs_res_lookup(&eng.res, va))) {
+        char line[96];
+        snprintf(line, sizeof(line), "an allocation of %llu bytes does not fit the budget",
+                 (unsigned long long)size);
+        resume_tracking(line);
+    }
+    try_pause();
     *ptr_out = va;
     return FS_OK;
 }
@@ -443,7 +531,10 @@ int fs_engine_free(uint64_t ptr)
     STAT_ADD(free_calls, 1);
     if (!started())
         return FS_ERR_NOT_FOUND;
-    return fs_res_free(&eng.res, ptr);
+    int rc = fs_res_free(&eng.res, ptr);
+    if (rc == FS_OK)
+        try_pause();
+    return rc;
 }
 
 bool fs_engine_owns(uint64_t ptr, int *ordinal)
@@ -478,6 +569,12 @@ void fs_engine_launch_enter(const struct fs_launch_desc *d, struct fs_launch_tic
         t->active = false;
         return;
     }
+    __atomic_add_fetch(&eng.open, 1, __ATOMIC_SEQ_CST);
+    if (FS_UNLIKELY(__atomic_load_n(&eng.pausing, __ATOMIC_SEQ_CST))) {
+        __atomic_sub_fetch(&eng.open, 1, __ATOMIC_SEQ_CST);
+        t->active = false;
+        return;
+    }
     uint64_t t0 = fs_rec_active(&eng.rec) ? fs_now_ns() : 0;
     fs_launch_scan(&eng.res, d, t);
     t->t_enter_ns = t0;
@@ -502,6 +599,7 @@ void fs_engine_launch_exit(struct fs_launch_ticket *t, bool queued)
         fs_rec_launch(&eng.rec, t->func, t->sig, t->stream, orders, n, t->t_enter_ns);
     if (FS_UNLIKELY(eng.planning && fs_exec_take_give_up(&eng.exec)))
         fs_rec_restart(&eng.rec);
+    __atomic_sub_fetch(&eng.open, 1, __ATOMIC_SEQ_CST);
 }
 
 void fs_engine_get_stats(struct fs_engine_stats *out)
@@ -652,9 +750,12 @@ void fs_engine_shutdown(void)
             "fingerprints taken", (unsigned long long)s.res.clean_evictions,
             (unsigned long long)s.res.clean_bytes, (unsigned long long)s.res.fingerprints);
     FS_INFO("launches: %llu seen, %llu referencing managed memory, %llu unknown (parameters "
-            "unreadable), %llu layout queries",
+            "unreadable), %llu layout queries; tracking paused %llu and resumed %llu times (%llu "
+            "allocations frozen on the device)",
             (unsigned long long)s.launch.launches, (unsigned long long)s.launch.with_refs,
-            (unsigned long long)s.launch.unknown, (unsigned long long)s.launch.layout_queries);
+            (unsigned long long)s.launch.unknown, (unsigned long long)s.launch.layout_queries,
+            (unsigned long long)s.tracking_pauses, (unsigned long long)s.tracking_resumes,
+            (unsigned long long)s.res.frozen);
     if (s.res.stage_ins > 0 || s.res.redirected > 0)
         FS_INFO("redirect: %llu device copies made (%llu bytes), %llu ended; %llu launches "
                 "redirected to them (%llu parameter words); %llu copies ended early for a launch "
@@ -684,5 +785,6 @@ void fs_engine_teardown(void)
     pthread_mutex_t lock = PTHREAD_MUTEX_INITIALIZER;
     memset(&eng, 0, sizeof(eng));
     eng.start_lock = lock;
+    eng.pause_lock = lock;
     fs_log_close();
 }

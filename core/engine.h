@@ -22,6 +22,8 @@ struct fs_engine_stats {
     uint64_t passthrough_bytes;
     uint64_t free_calls;
     uint64_t budget;
+    uint64_t tracking_pauses;    /* times launch tracking paused (PAUSE_TRACKING) */
+    uint64_t tracking_resumes;   /* and resumed */
     struct fs_res_stats res;
     struct fs_launch_stats launch;
     struct fs_exec_stats exec;   /* zero unless PROFILE or PROFILE_OUT is set */
@@ -33,9 +35,16 @@ struct fs_engine_stats {
  * inactive (every call passes through). */
 int fs_engine_init(char *const *envp);
 
-/* The function that starts launch tracking (CUPTI in the shim); called once when the engine
- * starts. Without one (tests), launches are reported by the caller alone. */
-void fs_engine_set_tracker(int (*start)(void));
+/* Launch tracking (CUPTI in the shim). START begins reporting launches to
+ * fs_engine_launch_enter/exit; the engine calls it once, when it starts. PAUSE (NULL: tracking
+ * never pauses) stops the reports (true) or resumes them (false), FS_OK once done: the engine
+ * pauses tracking while nothing can move (PAUSE_TRACKING). Without a tracker (tests), launches
+ * are reported by the caller alone. */
+struct fs_tracker {
+    int (*start)(void);
+    int (*pause)(bool paused);
+};
+void fs_engine_set_tracker(const struct fs_tracker *t);
 
 /* Use DEV instead of opening the CUDA device (tests with the simulated device). */
 void fs_engine_use_device(struct fs_device *dev);

@@ -650,6 +650,10 @@ int fs_exec_install(struct fs_executor *x, struct fs_profile *p)
         x->roll_out_pow *= HASH_MUL;
     x->lost_run = 0;
     x->gave_up = false;
+    bool all_resident = true;
+    for (int a = 0; a < x->prof.nallocs; a++)
+        all_resident &= x->prof.plan.entries[a].resident;
+    __atomic_store_n(&x->moves_nothing, all_resident, __ATOMIC_RELAXED);
     x->stats.plans++;
     fs_res_expect_moves(x->res);
     __atomic_store_n(&x->running, 1, __ATOMIC_RELEASE);

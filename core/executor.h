@@ -119,6 +119,7 @@ struct fs_executor {
     struct fs_residency *res;
     pthread_mutex_t lock;
     int running; /* atomic: a plan is installed and being followed */
+    bool moves_nothing; /* the plan keeps every allocation resident (atomic) */
     struct fs_profile prof; /* owned; its plan is the one run */
     /* actions per launch, CSR: prefetches queued at launch i, evictions after it */
     int *pf_start, *pf_ids, *ev_start, *ev_ids;
@@ -198,6 +199,13 @@ void fs_exec_stop(struct fs_executor *x);
 static inline bool fs_exec_running(const struct fs_executor *x)
 {
     return __atomic_load_n(&x->running, __ATOMIC_ACQUIRE) != 0;
+}
+
+/* A plan runs that keeps every allocation of its profile resident: following the program does
+ * nothing then. */
+static inline bool fs_exec_moves_nothing(const struct fs_executor *x)
+{
+    return fs_exec_running(x) && __atomic_load_n(&x->moves_nothing, __ATOMIC_RELAXED);
 }
 
 /* A managed allocation of SIZE bytes with order ID was made. FS_ERR_NOT_FOUND when the profile

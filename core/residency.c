@@ -521,6 +521,8 @@ static int evict_locked(struct fs_residency *res, struct fs_alloc *a)
         return unstage_locked(res, a);
     if (LOAD(&a->state) != FS_RES_DEVICE)
         return FS_ERR_INVALID;
+    if (a->frozen)
+        return FS_ERR_NOT_READY; /* as if a launch held it, for good */
     int rc = begin_move(a);
     if (rc != FS_OK)
         return rc;
@@ -575,7 +577,7 @@ static struct fs_alloc *pick_victim(struct fs_residency *res, struct fs_alloc *c
         struct fs_alloc *a = res->allocs[i];
         int state = LOAD(&a->state);
         if ((state != FS_RES_DEVICE && state != FS_RES_STAGED) || LOAD(&a->inflight) != 0 ||
-            in_list(a, keep, nkeep))
+            a->frozen || in_list(a, keep, nkeep))
             continue;
         bool kept = plan_role(res, a) == FS_PLAN_KEPT;
         if (!best || (best_kept && !kept) ||
@@ -762,6 +764,10 @@ int fs_res_alloc(struct fs_residency *res, uint64_t size, fs_dptr *out)
     }
     a->id = res->next_id++;
     a->touch_epoch = 0;
+    if (res->freeze_new && a->state == FS_RES_DEVICE) {
+        a->frozen = true;
+        STAT(res, frozen, 1);
+    }
     STORE(&a->kept, plan_role(res, a) == FS_PLAN_KEPT);
     STAT(res, allocs_live, 1);
     STAT(res, bytes_live, a->mapped);
@@ -1110,6 +1116,8 @@ int fs_res_move_begin(struct fs_residency *res, uint64_t id, bool evict, struct 
         rc = FS_ERR_NOT_READY;
     } else if (evict ? LOAD(&a->state) == FS_RES_HOST : LOAD(&a->state) != FS_RES_HOST) {
         rc = FS_RES_NOTHING;
+    } else if (evict && a->frozen) {
+        rc = FS_ERR_NOT_READY; /* as if a launch held it, for good */
     }
     if (rc != FS_OK)
         goto out;
@@ -1515,4 +1523,30 @@ int fs_res_host_blocks(struct fs_residency *res, fs_dptr *alloc_va, fs_dptr *blo
 uint64_t fs_res_device_bytes(struct fs_residency *res)
 {
     return fs_phys_pool_held(&res->dev_pool);
+}
+
+int fs_res_freeze(struct fs_residency *res)
+{
+    int rc = FS_OK;
+    pthread_mutex_lock(&res->lock);
+    for (int i = 0; i < res->nallocs && rc == FS_OK; i++)
+        if (LOAD(&res->allocs[i]->state) != FS_RES_DEVICE)
+            rc = FS_ERR_NOT_READY;
+    for (int i = 0; i < res->nallocs && rc == FS_OK; i++) {
+        struct fs_alloc *a = res->allocs[i];
+        if (!a->frozen)
+            STAT(res, frozen, 1);
+        a->frozen = true;
+    }
+    if (rc == FS_OK)
+        res->freeze_new = true;
+    pthread_mutex_unlock(&res->lock);
+    return rc;
+}
+
+void fs_res_stop_freezing(struct fs_residency *res)
+{
+    pthread_mutex_lock(&res->lock);
+    res->freeze_new = false;
+    pthread_mutex_unlock(&res->lock);
 }

@@ -78,6 +78,9 @@ struct fs_alloc {
      * until a full synchronize completes after it, no event covers A, not even a later one
      * (which may be on another stream) */
     uint64_t skip_epoch;
+    /* never moved again: it was on the device while launch tracking was paused, so a launch the
+     * engine did not see may use it at any time (lock) */
+    bool frozen;
     int index;              /* in fs_residency.allocs */
     struct fs_fp fp;        /* fingerprint of the host copy, when fp_valid */
     bool fp_valid;          /* host block and device copy agreed when fp was taken */
@@ -109,6 +112,7 @@ struct fs_res_stats {
     uint64_t early_maps;              /* prefetches mapped at their VA before the copy landed */
     uint64_t ordered_waits;           /* launches that waited for such a copy on their stream */
     uint64_t failures;                /* internal failures that fell back (logged) */
+    uint64_t frozen;                  /* allocations never moved again (fs_res_freeze) */
     /* OFFLOAD_MODE=redirect: device copies made and ended, their bytes, launches whose pointers
      * were redirected to them, and stages ended on the program's thread for a launch that could
      * not be redirected (a copy, a memset, an unreadable launch) */
@@ -146,6 +150,8 @@ struct fs_residency {
     int evictions_inflight; /* asynchronous evictions begun, not ended (lock) */
     int staged_live;        /* allocations with a stage_va (atomic; changes under the lock) */
     uint8_t *plan_role;     /* by allocation id: enum fs_plan_role (lock) */
+    bool freeze_new;        /* launch tracking is paused: allocations placed on the device are
+                             * frozen (lock) */
     int nplan_role;
     pthread_mutex_t ev_lock; /* guards free_events only */
     struct fs_shared_event *free_events;
@@ -316,6 +322,14 @@ void fs_res_get_stats(struct fs_residency *res, struct fs_res_stats *out);
 /* For drawing copies (a prefetch reads the host block, not the VA): up to MAX allocations with a
  * host block, each as its VA and its host block's copy address. Returns how many. */
 int fs_res_host_blocks(struct fs_residency *res, fs_dptr *alloc_va, fs_dptr *block_va, int max);
+
+/* Launch tracking is about to pause: if every allocation is on the device and none is moving,
+ * freeze them all (never moved again) and the ones placed on the device from now on, until
+ * fs_res_stop_freezing; FS_OK. FS_ERR_NOT_READY (nothing changed) otherwise. */
+int fs_res_freeze(struct fs_residency *res);
+
+/* Launch tracking resumed: new allocations are managed as usual again (the frozen stay so). */
+void fs_res_stop_freezing(struct fs_residency *res);
 
 /* Device bytes managed allocations hold now (pool, used and cached). */
 uint64_t fs_res_device_bytes(struct fs_residency *res);

@@ -206,6 +206,25 @@ static int enable(CUpti_CallbackId cbid)
     return FS_OK;
 }
 
+int fs_shim_tracking_pause(bool paused)
+{
+    int rc = FS_OK;
+    for (uint32_t cbid = 1; cbid < CUPTI_DRIVER_TRACE_CBID_SIZE; cbid++) {
+        if (cbid_kind[cbid] == KIND_NONE)
+            continue;
+        CUptiResult r = fs_cuda.cuptiEnableCallback(!paused, subscriber,
+                                                    CUPTI_CB_DOMAIN_DRIVER_API, cbid);
+        if (r != CUPTI_SUCCESS && rc == FS_OK) {
+            const char *msg = "?";
+            fs_cuda.cuptiGetResultString(r, &msg);
+            FS_WARN("CUPTI refused to %s reporting driver call %u (%s)",
+                    paused ? "stop" : "resume", (unsigned)cbid, msg);
+            rc = FS_ERR_DEVICE;
+        }
+    }
+    return rc;
+}
+
 int fs_shim_tracking_start(void)
 {
     if (fs_cuda_load_cupti() != FS_OK) {

@@ -5,10 +5,12 @@
 
 extern char **environ;
 
+static const struct fs_tracker cupti_tracker = {fs_shim_tracking_start, fs_shim_tracking_pause};
+
 __attribute__((constructor)) static void fs_shim_load(void)
 {
     fs_hook_depth++;
-    fs_engine_set_tracker(fs_shim_tracking_start);
+    fs_engine_set_tracker(&cupti_tracker);
     fs_engine_init(environ);
     fs_hook_depth--;
 }

@@ -306,9 +306,13 @@ expect_rc "record: the command's exit code is kept" 1 $rc "$tmp/o"
 
 # bench/overhead.sh without a GPU (FAKE=1: made-up numbers, nothing preloaded): rounds, ratio.
 echo '{}' > "$tmp/prof.json"
-FAKE=1 PROFILE="$tmp/prof.json" OUT="$tmp/ovh" ROUNDS=2 bash bench/overhead.sh >"$tmp/o" 2>&1; rc=$?
+FAKE=1 PROFILE="$tmp/prof.json" OUT="$tmp/ovh" ROUNDS=2 SIDES="noshim shim watch" bash bench/overhead.sh >"$tmp/o" 2>&1; rc=$?
 expect_rc "overhead.sh FAKE=1 exits 0" 0 $rc "$tmp/o"
-expect "overhead.sh: two rounds, a ratio" "$tmp/o" 'medians of 2 and 2 runs\): ratio [0-9.]+'
+expect "overhead.sh: two rounds, a ratio" "$tmp/o" '^shim [0-9.]+ ms \(median of 2 runs\): ratio [0-9.]+'
+expect "overhead.sh: the watching side too" "$tmp/o" '^watch [0-9.]+ ms \(median of 2 runs\): ratio [0-9.]+'
+FAKE=1 PROFILE="$tmp/prof.json" OUT="$tmp/ovh" SIDES="noshim shimm" bash bench/overhead.sh >"$tmp/o" 2>&1; rc=$?
+expect_rc "overhead.sh: an unknown side exits 2" 2 $rc "$tmp/o"
+expect "overhead.sh: names the unknown side" "$tmp/o" 'unknown side shimm'
 PROFILE="$tmp/none.json" OUT="$tmp/ovh" bash bench/overhead.sh >"$tmp/o" 2>&1; rc=$?
 expect_rc "overhead.sh: a missing profile exits 2" 2 $rc "$tmp/o"
 expect "overhead.sh: names the missing profile" "$tmp/o" "PROFILE=$tmp/none.json: no such file"

@@ -1,5 +1,6 @@
 /* The engine's entry points (what the hooks call) on the simulated device. */
 #include <jansson.h>
+#include <pthread.h>
 
 #include "device_sim.h"
 #include "engine.h"
@@ -8,6 +9,8 @@
 #include "test_util.h"
 
 #define MIB (1024ull * 1024ull)
+
+static int tracker_paused; /* the PAUSE_TRACKING tests' tracker (below) */
 
 static struct fs_device *open_sim(void)
 {
@@ -19,6 +22,7 @@ static struct fs_device *open_sim(void)
 
 static void start(struct fs_device *dev, char **envp)
 {
+    __atomic_store_n(&tracker_paused, 0, __ATOMIC_RELEASE);
     fs_engine_teardown();
     fs_engine_use_device(dev);
     assert_int_equal(fs_engine_init(envp), FS_OK);
@@ -163,7 +167,8 @@ static void test_no_launch_tracking_means_unmanaged(void **state)
     struct fs_device *dev = open_sim();
     char *envp[] = {"FLEXTENSOR_CONFIG=", NULL};
     start(dev, envp);
-    fs_engine_set_tracker(refuse_tracking);
+    static const struct fs_tracker refuse = {refuse_tracking, NULL};
+    fs_engine_set_tracker(&refuse);
     uint64_t p;
     assert_int_equal(fs_engine_alloc(64 * MIB, 0, &p), FS_ERR_UNSUPPORTED);
     assert_false(fs_engine_active());
@@ -229,13 +234,40 @@ enum { ACT_KERNELS = 4 };
  * layer is another kernel. */
 enum mark_mode { NO_MARK, MARK_CALL, MARK_KERNEL, EXTRA_LAUNCH, CHANGED };
 
+/* The launch tracker of the PAUSE_TRACKING tests: like CUPTI, no reports while paused. */
+static int start_tracking(void)
+{
+    __atomic_store_n(&tracker_paused, 0, __ATOMIC_RELEASE);
+    return FS_OK;
+}
+static int pause_tracking(bool paused)
+{
+    __atomic_store_n(&tracker_paused, paused, __ATOMIC_RELEASE);
+    return FS_OK;
+}
+static const struct fs_tracker pausing_tracker = {start_tracking, pause_tracking};
+
+/* A launch's reports, as the tracker gives them. */
+static void report_enter(const struct fs_launch_desc *d, struct fs_launch_ticket *t)
+{
+    t->active = false;
+    if (!__atomic_load_n(&tracker_paused, __ATOMIC_ACQUIRE))
+        fs_engine_launch_enter(d, t);
+}
+
+static void report_exit(struct fs_launch_ticket *t)
+{
+    if (!__atomic_load_n(&tracker_paused, __ATOMIC_ACQUIRE))
+        fs_engine_launch_exit(t, true);
+}
+
 static void launch_start_kernel(struct fs_device *dev, fs_stream s)
 {
     struct fs_launch_desc d = {.func = &start_kernel, .stream = s, .kernel_params = NULL};
     struct fs_launch_ticket t;
-    fs_engine_launch_enter(&d, &t);
+    report_enter(&d, &t);
     assert_int_equal(fs_sim_launch(dev, s, 1000, NULL, NULL, 0, NULL, NULL), FS_OK);
-    fs_engine_launch_exit(&t, true);
+    report_exit(&t);
 }
 
 static int run_marked_program(struct fs_device *dev, uint64_t *w, int nlayers, uint64_t act,
@@ -267,14 +299,14 @@ static int run_marked_program(struct fs_device *dev, uint64_t *w, int nlayers, u
             struct fs_launch_desc d = {.func = head ? &head_kernel : &layer_kernel,
                                        .stream = s, .kernel_params = argv};
             struct fs_launch_ticket t;
-            fs_engine_launch_enter(&d, &t);
+            report_enter(&d, &t);
             fs_dptr ptrs[1] = {params[0]};
             uint64_t sizes[1] = {64};
             assert_int_equal(fs_sim_launch(dev, s, head ? 50000 : 100000 + 10000 * (uint64_t)l,
                                            ptrs, sizes, 1, head ? NULL : check_mark,
                                            head ? NULL : &checks[l]),
                              FS_OK);
-            fs_engine_launch_exit(&t, true);
+            report_exit(&t);
         }
     }
     assert_int_equal(dev->ops->ctx_sync(dev), FS_OK);
@@ -868,6 +900,145 @@ static void test_mismatched_or_corrupt_profile_rediscovers(void **state)
     unlink(path);
 }
 
+/* A fresh engine from the profile PATH at 128 MiB, where its plan moves nothing, with the
+ * pausing tracker (EXTRA: one more setting, or NULL). */
+static struct fs_device *start_with_room(const char *path, char *extra)
+{
+    static char in_env[128];
+    struct fs_device *dev = open_sim();
+    register_kernels(dev);
+    snprintf(in_env, sizeof(in_env), "FLEXTENSOR_PROFILE=%s", path);
+    char *envp[] = {"FLEXTENSOR_CONFIG=", "FLEXTENSOR_GPU_MEMORY_LIMIT=128MiB", MIN_OFFLOAD,
+                    "FLEXTENSOR_REMAP_SAFETY=tracked", "FLEXTENSOR_LOG_LEVEL=error", in_env, extra,
+                    NULL};
+    start(dev, envp);
+    fs_engine_set_tracker(&pausing_tracker);
+    return dev;
+}
+
+/* One launch of the head kernel on PTR (tracked or not, as the tracker says). */
+static void launch_on(struct fs_device *dev, fs_stream s, uint64_t ptr)
+{
+    uint64_t params[2] = {ptr, ptr};
+    void *argv[2] = {&params[0], &params[1]};
+    struct fs_launch_desc d = {.func = &head_kernel, .stream = s, .kernel_params = argv};
+    struct fs_launch_ticket t;
+    report_enter(&d, &t);
+    fs_dptr ptrs[1] = {ptr};
+    uint64_t sizes[1] = {64};
+    assert_int_equal(fs_sim_launch(dev, s, 1000, ptrs, sizes, 1, NULL, NULL), FS_OK);
+    report_exit(&t);
+}
+
+struct free_call {
+    uint64_t ptr;
+    int rc;
+};
+
+static void *free_in_thread(void *arg)
+{
+    struct free_call *f = arg;
+    f->rc = fs_engine_free(f->ptr);
+    return NULL;
+}
+
+/* PAUSE_TRACKING: with a plan that moves nothing, tracking pauses at the first allocation and the
+ * program runs unseen and exact. An allocation that does not fit resumes it; it works from host
+ * memory, the allocations made while paused are never evicted for it. Once it is freed tracking
+ * pauses again, but only after the launch being tracked on another thread has ended. */
+static void test_tracking_pauses_while_nothing_moves(void **state)
+{
+    (void)state;
+    char path[64];
+    fresh_path(path, sizeof(path));
+    record_profile(path, "FLEXTENSOR_GPU_MEMORY_LIMIT=128MiB");
+    struct fs_device *dev = start_with_room(path, NULL);
+    uint64_t w[L], act;
+    alloc_program(dev, w, L, &act, 2 * MIB);
+    struct fs_engine_stats st;
+    fs_engine_get_stats(&st);
+    assert_true(__atomic_load_n(&tracker_paused, __ATOMIC_ACQUIRE));
+    assert_int_equal(st.tracking_pauses, 1);
+    assert_int_equal(st.res.frozen, L + 1);
+    uint64_t seen = st.launch.launches; /* the launch counters live across engines */
+    assert_int_equal(run_program(dev, w, L, act, 10), 0);
+    fs_engine_get_stats(&st);
+    assert_int_equal(st.launch.launches, seen);
+
+    /* 68 MiB + 80 MiB > 128 MiB: placed on host, tracking resumes before the program has it. */
+    uint64_t big;
+    assert_int_equal(fs_engine_alloc(80 * MIB, 0, &big), FS_OK);
+    assert_false(__atomic_load_n(&tracker_paused, __ATOMIC_ACQUIRE));
+    fs_stream s;
+    assert_int_equal(fs_sim_stream_create(dev, &s), FS_OK);
+    launch_on(dev, s, big);
+    assert_int_equal(run_program(dev, w, L, act, 5), 0);
+    fs_engine_get_stats(&st);
+    assert_int_equal(st.tracking_resumes, 1);
+    assert_int_equal(st.res.placed_on_host, 1);
+    assert_int_equal(st.res.evictions, 0); /* the frozen were not moved for it */
+    assert_true(st.res.host_served >= 1);
+    assert_true(st.launch.launches > seen);
+
+    /* A tracked launch is open on this thread while another frees BIG: the pause waits for it. */
+    uint64_t params[2] = {act, act};
+    void *argv[2] = {&params[0], &params[1]};
+    struct fs_launch_desc d = {.func = &head_kernel, .stream = s, .kernel_params = argv};
+    struct fs_launch_ticket t;
+    report_enter(&d, &t);
+    assert_true(t.active);
+    struct free_call f = {big, -100};
+    pthread_t th;
+    assert_int_equal(pthread_create(&th, NULL, free_in_thread, &f), 0);
+    usleep(50 * 1000);
+    assert_false(__atomic_load_n(&tracker_paused, __ATOMIC_ACQUIRE));
+    report_exit(&t);
+    assert_int_equal(pthread_join(th, NULL), 0);
+    assert_int_equal(f.rc, FS_OK);
+    fs_engine_get_stats(&st);
+    assert_true(__atomic_load_n(&tracker_paused, __ATOMIC_ACQUIRE));
+    assert_int_equal(st.tracking_pauses, 2);
+    assert_int_equal(run_program(dev, w, L, act, 3), 0);
+    assert_int_equal(dev->ops->stream_destroy(dev, s), FS_OK);
+    stop(dev);
+    unlink(path);
+}
+
+/* PAUSE_TRACKING=0 keeps tracking on; a profile the program leaves (another size for allocation
+ * 1) resumes it, since discovering the program needs its launches. */
+static void test_tracking_kept_or_resumed_for_discovery(void **state)
+{
+    (void)state;
+    char path[64];
+    fresh_path(path, sizeof(path));
+    record_profile(path, "FLEXTENSOR_GPU_MEMORY_LIMIT=128MiB");
+    struct fs_device *dev = start_with_room(path, "FLEXTENSOR_PAUSE_TRACKING=0");
+    uint64_t w[L], act;
+    alloc_program(dev, w, L, &act, 2 * MIB);
+    struct fs_engine_stats st;
+    fs_engine_get_stats(&st);
+    uint64_t seen = st.launch.launches; /* the launch counters live across engines */
+    assert_int_equal(run_program(dev, w, L, act, 3), 0);
+    fs_engine_get_stats(&st);
+    assert_false(__atomic_load_n(&tracker_paused, __ATOMIC_ACQUIRE));
+    assert_int_equal(st.tracking_pauses, 0);
+    assert_int_equal(st.launch.launches - seen, 3 * PER_ITER);
+    stop(dev);
+
+    dev = start_with_room(path, NULL);
+    assert_int_equal(fs_engine_alloc(56 * MIB, 0, &act), FS_OK);
+    assert_true(__atomic_load_n(&tracker_paused, __ATOMIC_ACQUIRE));
+    assert_int_equal(fs_engine_alloc(3 * MIB, 0, &w[0]), FS_OK); /* the profile has 2 MiB */
+    assert_false(__atomic_load_n(&tracker_paused, __ATOMIC_ACQUIRE));
+    assert_int_equal(fs_engine_alloc(2 * MIB, 0, &w[1]), FS_OK); /* discovering: no pause */
+    fs_engine_get_stats(&st);
+    assert_false(__atomic_load_n(&tracker_paused, __ATOMIC_ACQUIRE));
+    assert_int_equal(st.tracking_pauses, 1);
+    assert_int_equal(st.tracking_resumes, 1);
+    stop(dev);
+    unlink(path);
+}
+
 int main(void)
 {
     const struct CMUnitTest tests[] = {
@@ -891,6 +1062,8 @@ int main(void)
         cmocka_unit_test(test_plan_tolerates_an_extra_launch),
         cmocka_unit_test(test_plan_given_up_and_made_again),
         cmocka_unit_test(test_mismatched_or_corrupt_profile_rediscovers),
+        cmocka_unit_test(test_tracking_pauses_while_nothing_moves),
+        cmocka_unit_test(test_tracking_kept_or_resumed_for_discovery),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }
