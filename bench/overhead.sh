@@ -7,11 +7,12 @@
 # 10% between processes). No run trace, no debug log: the shim as a user runs it.
 #
 #   PROFILE=prof-decode.json OUT=dir [ROUNDS=3 PCT=105 MODEL=7b MODE=redirect SIDES="noshim shim"] \
-#       bash bench/overhead.sh
+#       [ITERS=32 CPUS=] bash bench/overhead.sh
 #
 # SIDES, run in this order each round: noshim (no shim), shim (the shim as a user runs it: with
 # nothing to move it stops watching launches), watch (FLEXTENSOR_PAUSE_TRACKING=0: it watches
-# every launch, the cost a plan that moves something pays on each).
+# every launch, the cost a plan that moves something pays on each). ITERS: decode steps per run.
+# CPUS: run every side under `taskset -c CPUS` (the step is host-bound: fewer migrations).
 # PROFILE: a decode profile of the same model (bench/run.sh leaves one in bench-logs.tar.gz).
 # FAKE=1: no GPU; bench.py makes numbers up and nothing is preloaded (tests this script).
 # Prints each run's median step, then the median of each side's medians and its ratio to noshim's;
@@ -24,6 +25,9 @@ PCT=${PCT:-105}
 MODEL=${MODEL:-7b}
 MODE=${MODE:-redirect}
 read -r -a sides <<<"${SIDES:-noshim shim}"
+ITERS=${ITERS:-32}
+PIN=()
+[ -n "${CPUS:-}" ] && PIN=(taskset -c "$CPUS")
 PY=${PY:-python3}
 LIB=$PWD/dist/lib/libflexshim.so
 [ -f "$PROFILE" ] || { echo "overhead.sh: PROFILE=$PROFILE: no such file" >&2; exit 2; }
@@ -50,11 +54,11 @@ case " ${sides[*]} " in *" noshim "*) ;; *) echo "overhead.sh: SIDES must includ
 
 for r in $(seq 1 "$ROUNDS"); do
     for side in "${sides[@]}"; do
-        res=(--result "$OUT/$side-$r.json" "${ARGS[@]}")
+        res=(--iters "$ITERS" --result "$OUT/$side-$r.json" "${ARGS[@]}")
         if [ "$side" = noshim ]; then
             echo "---- round $r/$ROUNDS: noshim"
-            "$PY" bench/bench.py --system noshim --workload decode --model "$MODEL" --budget-pct 100 \
-                "${res[@]}" > "$OUT/$side-$r.out" 2>&1 || tail -5 "$OUT/$side-$r.out"
+            "${PIN[@]}" "$PY" bench/bench.py --system noshim --workload decode --model "$MODEL" \
+                --budget-pct 100 "${res[@]}" > "$OUT/$side-$r.out" 2>&1 || tail -5 "$OUT/$side-$r.out"
             continue
         fi
         pause=1
@@ -63,7 +67,7 @@ for r in $(seq 1 "$ROUNDS"); do
         # shellcheck disable=SC2046
         $(shim_env "$mib" "$OUT/$side-$r.log" "$PROFILE") FLEXTENSOR_OFFLOAD_MODE="$MODE" \
             FLEXTENSOR_PAUSE_TRACKING=$pause \
-            "$PY" bench/bench.py --system "flexshim_$MODE" --workload decode --model "$MODEL" \
+            "${PIN[@]}" "$PY" bench/bench.py --system "flexshim_$MODE" --workload decode --model "$MODEL" \
             --budget-pct "$PCT" "${res[@]}" > "$OUT/$side-$r.out" 2>&1 || tail -5 "$OUT/$side-$r.out"
     done
 done
@@ -86,10 +90,11 @@ for r in range(1, rounds + 1):
 if not med["noshim"] or not all(med.values()):
     print("no ratio: a side has no result")
     sys.exit(1)
-base = statistics.median(med["noshim"])
-print(f"noshim {base:.2f} ms (median of {len(med['noshim'])} runs)")
+base, low = statistics.median(med["noshim"]), min(med["noshim"])
+print(f"noshim {base:.2f} ms (median of {len(med['noshim'])} runs; fastest run {low:.2f} ms)")
 for side in sides:
     if side != "noshim":
-        m = statistics.median(med[side])
-        print(f"{side} {m:.2f} ms (median of {len(med[side])} runs): ratio {m / base:.3f}")
+        m, f = statistics.median(med[side]), min(med[side])
+        print(f"{side} {m:.2f} ms (median of {len(med[side])} runs): ratio {m / base:.3f}; "
+              f"fastest run {f:.2f} ms: ratio {f / low:.3f}")
 EOF

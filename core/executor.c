@@ -650,10 +650,16 @@ int fs_exec_install(struct fs_executor *x, struct fs_profile *p)
         x->roll_out_pow *= HASH_MUL;
     x->lost_run = 0;
     x->gave_up = false;
-    bool all_resident = true;
-    for (int a = 0; a < x->prof.nallocs; a++)
-        all_resident &= x->prof.plan.entries[a].resident;
-    __atomic_store_n(&x->moves_nothing, all_resident, __ATOMIC_RELAXED);
+    /* Nothing to move: each allocation stays resident or is never used in the iteration (the
+     * plan leaves those on host for room), and all of them fit the budget together. */
+    bool still = true;
+    uint64_t all = 0;
+    for (int a = 0; a < x->prof.nallocs; a++) {
+        const struct fs_plan_entry *e = &x->prof.plan.entries[a];
+        still &= e->resident || (e->prefetch_at < 0 && e->evict_after < 0);
+        all += x->prof.allocs[a].mapped;
+    }
+    __atomic_store_n(&x->moves_nothing, still && all <= x->prof.plan.budget, __ATOMIC_RELAXED);
     x->stats.plans++;
     fs_res_expect_moves(x->res);
     __atomic_store_n(&x->running, 1, __ATOMIC_RELEASE);

@@ -445,8 +445,9 @@ static void test_marked_iterations(void **state)
     }
 }
 
-/* Record a profile of the program at BUDGET into PATH (a fresh engine). */
-static void record_profile(const char *path, const char *budget_env)
+/* Record a profile of the program at BUDGET into PATH (a fresh engine); with UNUSED, one more
+ * allocation of that size the program never uses. */
+static void record_profile_unused(const char *path, const char *budget_env, uint64_t unused)
 {
     struct fs_device *dev = open_sim();
     register_kernels(dev);
@@ -455,14 +456,21 @@ static void record_profile(const char *path, const char *budget_env)
     char *envp[] = {"FLEXTENSOR_CONFIG=", (char *)budget_env, MIN_OFFLOAD,
                     "FLEXTENSOR_PROFILING_ITERS=3", out_env, NULL};
     start(dev, envp);
-    uint64_t w[L], act;
+    uint64_t w[L], act, idle;
     alloc_program(dev, w, L, &act, 2 * MIB);
+    if (unused)
+        assert_int_equal(fs_engine_alloc(unused, 0, &idle), FS_OK);
     assert_int_equal(run_program(dev, w, L, act, 270), 0);
     stop(dev);
     struct fs_profile p;
     char err[512];
     assert_int_equal(fs_profile_load(path, &p, err, sizeof(err)), FS_OK);
     fs_profile_free(&p);
+}
+
+static void record_profile(const char *path, const char *budget_env)
+{
+    record_profile_unused(path, budget_env, 0);
 }
 
 /* A fresh engine on a new simulated device, started from the saved profile PATH (64 MiB,
@@ -900,15 +908,16 @@ static void test_mismatched_or_corrupt_profile_rediscovers(void **state)
     unlink(path);
 }
 
-/* A fresh engine from the profile PATH at 128 MiB, where its plan moves nothing, with the
- * pausing tracker (EXTRA: one more setting, or NULL). */
-static struct fs_device *start_with_room(const char *path, char *extra)
+/* A fresh engine from the profile PATH at BUDGET MiB with the pausing tracker (EXTRA: one more
+ * setting, or NULL). */
+static struct fs_device *start_with_room(const char *path, int budget, char *extra)
 {
-    static char in_env[128];
+    static char in_env[128], budget_env[64];
     struct fs_device *dev = open_sim();
     register_kernels(dev);
     snprintf(in_env, sizeof(in_env), "FLEXTENSOR_PROFILE=%s", path);
-    char *envp[] = {"FLEXTENSOR_CONFIG=", "FLEXTENSOR_GPU_MEMORY_LIMIT=128MiB", MIN_OFFLOAD,
+    snprintf(budget_env, sizeof(budget_env), "FLEXTENSOR_GPU_MEMORY_LIMIT=%dMiB", budget);
+    char *envp[] = {"FLEXTENSOR_CONFIG=", budget_env, MIN_OFFLOAD,
                     "FLEXTENSOR_REMAP_SAFETY=tracked", "FLEXTENSOR_LOG_LEVEL=error", in_env, extra,
                     NULL};
     start(dev, envp);
@@ -942,30 +951,33 @@ static void *free_in_thread(void *arg)
     return NULL;
 }
 
-/* PAUSE_TRACKING: with a plan that moves nothing, tracking pauses at the first allocation and the
- * program runs unseen and exact. An allocation that does not fit resumes it; it works from host
- * memory, the allocations made while paused are never evicted for it. Once it is freed tracking
- * pauses again, but only after the launch being tracked on another thread has ended. */
+/* PAUSE_TRACKING: with a plan that moves nothing (the weights and activations resident, an
+ * allocation the iteration never uses left where it is, all 76 MiB within 128), tracking pauses
+ * at the first allocation and the program runs unseen and exact. An allocation that does not fit
+ * resumes it; it works from host memory, the allocations made while paused are never evicted
+ * for it. Once it is freed tracking pauses again, but only after the launch being tracked on
+ * another thread has ended. */
 static void test_tracking_pauses_while_nothing_moves(void **state)
 {
     (void)state;
     char path[64];
     fresh_path(path, sizeof(path));
-    record_profile(path, "FLEXTENSOR_GPU_MEMORY_LIMIT=128MiB");
-    struct fs_device *dev = start_with_room(path, NULL);
-    uint64_t w[L], act;
+    record_profile_unused(path, "FLEXTENSOR_GPU_MEMORY_LIMIT=128MiB", 8 * MIB);
+    struct fs_device *dev = start_with_room(path, 128, NULL);
+    uint64_t w[L], act, idle;
     alloc_program(dev, w, L, &act, 2 * MIB);
+    assert_int_equal(fs_engine_alloc(8 * MIB, 0, &idle), FS_OK);
     struct fs_engine_stats st;
     fs_engine_get_stats(&st);
     assert_true(__atomic_load_n(&tracker_paused, __ATOMIC_ACQUIRE));
     assert_int_equal(st.tracking_pauses, 1);
-    assert_int_equal(st.res.frozen, L + 1);
+    assert_int_equal(st.res.frozen, L + 2);
     uint64_t seen = st.launch.launches; /* the launch counters live across engines */
     assert_int_equal(run_program(dev, w, L, act, 10), 0);
     fs_engine_get_stats(&st);
     assert_int_equal(st.launch.launches, seen);
 
-    /* 68 MiB + 80 MiB > 128 MiB: placed on host, tracking resumes before the program has it. */
+    /* 76 MiB + 80 MiB > 128 MiB: placed on host, tracking resumes before the program has it. */
     uint64_t big;
     assert_int_equal(fs_engine_alloc(80 * MIB, 0, &big), FS_OK);
     assert_false(__atomic_load_n(&tracker_paused, __ATOMIC_ACQUIRE));
@@ -1004,18 +1016,29 @@ static void test_tracking_pauses_while_nothing_moves(void **state)
     unlink(path);
 }
 
-/* PAUSE_TRACKING=0 keeps tracking on; a profile the program leaves (another size for allocation
- * 1) resumes it, since discovering the program needs its launches. */
+/* Tracking stays on with PAUSE_TRACKING=0, and where the allocations do not all fit together (an
+ * unused 40 MiB beside 68 MiB the plan keeps, within 100 MiB). A profile the program leaves
+ * (another size for allocation 1) resumes it, since discovering the program needs its launches. */
 static void test_tracking_kept_or_resumed_for_discovery(void **state)
 {
     (void)state;
     char path[64];
     fresh_path(path, sizeof(path));
-    record_profile(path, "FLEXTENSOR_GPU_MEMORY_LIMIT=128MiB");
-    struct fs_device *dev = start_with_room(path, "FLEXTENSOR_PAUSE_TRACKING=0");
-    uint64_t w[L], act;
+    record_profile_unused(path, "FLEXTENSOR_GPU_MEMORY_LIMIT=128MiB", 40 * MIB);
+    uint64_t w[L], act, idle;
+    struct fs_device *dev = start_with_room(path, 100, NULL);
     alloc_program(dev, w, L, &act, 2 * MIB);
+    assert_int_equal(fs_engine_alloc(40 * MIB, 0, &idle), FS_OK);
+    assert_int_equal(run_program(dev, w, L, act, 3), 0);
     struct fs_engine_stats st;
+    fs_engine_get_stats(&st);
+    assert_int_equal(st.exec.plans, 1);
+    assert_false(__atomic_load_n(&tracker_paused, __ATOMIC_ACQUIRE));
+    assert_int_equal(st.tracking_pauses, 0);
+    stop(dev);
+
+    dev = start_with_room(path, 128, "FLEXTENSOR_PAUSE_TRACKING=0");
+    alloc_program(dev, w, L, &act, 2 * MIB);
     fs_engine_get_stats(&st);
     uint64_t seen = st.launch.launches; /* the launch counters live across engines */
     assert_int_equal(run_program(dev, w, L, act, 3), 0);
@@ -1025,7 +1048,7 @@ static void test_tracking_kept_or_resumed_for_discovery(void **state)
     assert_int_equal(st.launch.launches - seen, 3 * PER_ITER);
     stop(dev);
 
-    dev = start_with_room(path, NULL);
+    dev = start_with_room(path, 128, NULL);
     assert_int_equal(fs_engine_alloc(56 * MIB, 0, &act), FS_OK);
     assert_true(__atomic_load_n(&tracker_paused, __ATOMIC_ACQUIRE));
     assert_int_equal(fs_engine_alloc(3 * MIB, 0, &w[0]), FS_OK); /* the profile has 2 MiB */
