@@ -493,7 +493,7 @@ def targets(rows):
         # Against noshim of the same run (C), where that run measured it.
         c = r.get("C_ms")
         if pct is not None and pct >= 100 and workload == "decode":
-            add(f"{system} at 100% within 3% of noshim (decode)", model, workload, pct,
+            add(f"{system} at {pct:g}% within 3% of noshim (decode)", model, workload, pct,
                 None if not c else t / c, 1.03,
                 f"{t:.2f} ms vs {c:.2f} ms" if c else "no noshim run")
         ref_t = r.get("ref_ttfs_s")

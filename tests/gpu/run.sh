@@ -23,6 +23,9 @@
 #   d  soak       500 decode steps at 1/4 of the weights, tokens identical to an unshimmed run
 #   e  overhead   64 timed decode steps without and with the shim at 100% (no eviction
 #                 needed): median step time after 8 warm-up steps, ratio
+#   f  pause      tests/gpu/pause_test.py: a profile recorded at 4 GiB, then run from it at
+#                 PAUSE_LIMIT (its plan moves nothing: launch tracking pauses), outgrowing it at
+#                 the end (tracking resumes): output identical to the unshimmed run
 # Every shimmed process runs with FLEXTENSOR_LOG_LEVEL=info and its own FLEXTENSOR_LOG_FILE; the
 # shim's exit counters (allocations / residency / launches) are extracted and printed.
 #
@@ -56,7 +59,7 @@ CUDA_HOME=${CUDA_HOME:-/usr/local/cuda}
 NVCC=${NVCC:-$CUDA_HOME/bin/nvcc}
 LIB=$ROOT/dist/lib/libflexshim.so
 PY=${PYTHON:-python3}
-STEPS_ONLY=${STEPS_ONLY:-a b c d e}
+STEPS_ONLY=${STEPS_ONLY:-a b c d e f}
 TOTAL_BUDGET_S=${TOTAL_BUDGET_S:-570}
 CMD_TIMEOUT_S=${CMD_TIMEOUT_S:-300}
 EVICT_LIMIT=${EVICT_LIMIT:-512MiB}
@@ -65,6 +68,7 @@ SOAK_STEPS=${SOAK_STEPS:-500}
 OVERHEAD_STEPS=${OVERHEAD_STEPS:-64}
 OVERHEAD_WARMUP=${OVERHEAD_WARMUP:-8}
 MEM_FLAG_MIB=${MEM_FLAG_MIB:-3072}
+PAUSE_LIMIT=${PAUSE_LIMIT:-1536MiB}
 START_S=$(date +%s)
 DEADLINE_S=$((START_S + TOTAL_BUDGET_S))
 export CUDA_HOME NVCC LIB PY DEADLINE_S
@@ -544,6 +548,47 @@ step_e() {
     fi
 }
 
+# ---- f: launch tracking paused, then resumed ------------------------------------------------
+step_f() {
+    local t0 d=$WORK/pause slog=$WORK/shim-pause.log rc_ref rc_rec rc_shim
+    t0=$(now)
+    mkdir -p "$d"
+    local prog=(tests/gpu/pause_test.py --outgrow-mib 1024)
+    echo "--- without the shim: ${prog[*]}"
+    timeout -k 10 "$(tmo 60)" "$PY" "${prog[@]}" >"$d/plain.out" 2>&1
+    rc_ref=$?
+    cat "$d/plain.out"
+    echo "--- record (4 GiB, without the extra allocation)"
+    timeout -k 10 "$(tmo 120)" env FLEXTENSOR_GPU_MEMORY_LIMIT=4GiB FLEXTENSOR_LOG_LEVEL=info \
+        FLEXTENSOR_LOG_FILE="$WORK/shim-pause-record.log" "$ROOT/dist/bin/flexshim-profile" record \
+        -o "$d/prof.json" -- "$PY" tests/gpu/pause_test.py >"$d/record.out" 2>&1
+    rc_rec=$?
+    tail -3 "$d/record.out"
+    echo "--- from the profile at $PAUSE_LIMIT, outgrowing it"
+    rm -f "$slog"
+    # shellcheck disable=SC2046
+    timeout -k 10 "$(tmo 60)" env $(shim_env "$slog" "$PAUSE_LIMIT") FLEXTENSOR_PROFILE="$d/prof.json" \
+        FLEXTENSOR_REMAP_SAFETY=tracked "$PY" "${prog[@]}" >"$d/shim.out" 2>&1
+    rc_shim=$?
+    cat "$d/shim.out"
+    show_counters "$slog" "$WORK/pause.counters"
+    grep -h "launch tracking\|tracking paused" "$slog" | cut -c1-400
+    local paused resumed
+    paused=$(grep -c "launch tracking paused:" "$slog")
+    resumed=$(grep -c "launch tracking resumed" "$slog")
+    local notes="exits $rc_ref/$rc_rec/$rc_shim, paused $paused, resumed $resumed"
+    echo "total $(elapsed "$t0") s"
+    if [ "$rc_ref" != 0 ] || [ "$rc_rec" != 0 ] || [ "$rc_shim" != 0 ] || [ ! -s "$d/prof.json" ]; then
+        record f FAIL "a run failed or no profile; $notes"
+    elif ! cmp -s "$d/plain.out" "$d/shim.out"; then
+        record f FAIL "outputs differ; $notes"
+    elif [ "$paused" -lt 1 ] || [ "$resumed" -lt 1 ]; then
+        record f FAIL "identical, but tracking did not pause and resume; $notes"
+    else
+        record f PASS "identical; $notes"
+    fi
+}
+
 # ---- main ------------------------------------------------------------------------------------
 run_step() { # LETTER NAME
     local letter=$1 name=$2
@@ -568,15 +613,16 @@ main() {
     run_step c llama
     run_step d soak
     run_step e overhead
+    run_step f pause
     {
         echo
         echo "================ summary ($(elapsed "$START_S") s) ================"
         printf '%-4s %-9s %-5s %s\n' step name result notes
         local l r notes name
-        for l in a b c d e; do
+        for l in a b c d e f; do
             want "$l" || continue
             case $l in a) name=device ;; b) name=evict ;; c) name=llama ;; d) name=soak ;;
-                e) name=overhead ;; esac
+                e) name=overhead ;; f) name=pause ;; esac
             if [ -f "$RESULTS/$l" ]; then
                 IFS='|' read -r _ r notes <"$RESULTS/$l"
             else
