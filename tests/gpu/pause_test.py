@@ -1,8 +1,9 @@
 """GPU test of PAUSE_TRACKING (tests/gpu/run.sh step f): a program whose iteration fits the budget
 runs with launch tracking paused, then outgrows the budget, which resumes tracking.
 
-    python3 tests/gpu/pause_test.py [--iters 40] [--outgrow-mib 0]
+    python3 tests/gpu/pause_test.py [--iters 500] [--outgrow-mib 0]
 
+Discovery needs a few thousand launches (about 26 an iteration here), hence 500 iterations.
 Eight 64 MiB weights (fp32 4096 x 4096) and one iteration: the activations pass through the eight
 layers (matmul, tanh) and are updated. With --outgrow-mib N, after the iterations one more
 allocation of N MiB is made (not in the profile: recorded without it), filled and read, then
@@ -17,7 +18,7 @@ import torch
 
 def main():
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--iters", type=int, default=40)
+    ap.add_argument("--iters", type=int, default=500)
     ap.add_argument("--outgrow-mib", type=int, default=0)
     args = ap.parse_args()
     torch.manual_seed(0)
