@@ -355,7 +355,9 @@ static int start_locked(int want)
         rc = eng.tracker->start();
         if (rc != FS_OK)
             goto fail_rec; /* the tracker said why */
-        eng.can_pause = eng.tracker->pause && fs_config_u64(cfg, FS_P_PAUSE_TRACKING) != 0;
+        __atomic_store_n(&eng.can_pause,
+                         eng.tracker->pause && fs_config_u64(cfg, FS_P_PAUSE_TRACKING) != 0,
+                         __ATOMIC_RELAXED);
     }
     eng.stats.budget = budget;
     if (fs_config_str(cfg, FS_P_TRACE_OUT)[0] && !fs_rt_on() &&
@@ -416,12 +418,24 @@ static bool started(void)
  *
  * The switch: launches already being tracked must end first (their exit reports would be lost),
  * so PAUSING is set, the tracked launches in flight (OPEN) are waited for, and only then is the
- * tracker stopped; a launch that begins meanwhile sees PAUSING and passes untracked. */
+ * tracker stopped; a launch that begins meanwhile sees PAUSING and passes untracked. Once a launch
+ * may have passed untracked, what is frozen stays frozen, whatever happens after.
+ *
+ * Resuming always takes PAUSE_LOCK (a switch in progress holds it to its end): an allocation
+ * placed on host while another thread pauses, or a plan given up meanwhile, then sees the pause
+ * and resumes it. If the tracker cannot resume, the allocation is frozen too (on host: read
+ * over the link) and tracking stays paused: nothing may move while launches go unseen. */
+
+/* Tracking may pause in this run (atomic: cleared under PAUSE_LOCK when the tracker fails). */
+static bool may_pause(void)
+{
+    return __atomic_load_n(&eng.can_pause, __ATOMIC_RELAXED);
+}
 
 /* Called by the program's allocation and free calls (never from a launch report). */
 static void try_pause(void)
 {
-    if (!eng.can_pause || __atomic_load_n(&eng.pausing, __ATOMIC_ACQUIRE) ||
+    if (!may_pause() || __atomic_load_n(&eng.pausing, __ATOMIC_ACQUIRE) ||
         fs_rec_active(&eng.rec) || !fs_exec_moves_nothing(&eng.exec))
         return;
     pthread_mutex_lock(&eng.pause_lock);
@@ -431,34 +445,44 @@ static void try_pause(void)
     while (__atomic_load_n(&eng.open, __ATOMIC_SEQ_CST) != 0)
         sched_yield();
     /* A tracked launch's exit may have given the plan up (discovery needs the launches). */
-    if (!fs_rec_active(&eng.rec) && fs_exec_moves_nothing(&eng.exec) &&
-        eng.tracker->pause(true) == FS_OK) {
+    bool still = !fs_rec_active(&eng.rec) && fs_exec_moves_nothing(&eng.exec);
+    if (still && eng.tracker->pause(true) == FS_OK) {
         eng.paused = true;
         STAT_ADD(tracking_pauses, 1);
         FS_INFO("launch tracking paused: the plan moves nothing and every allocation fits");
-    } else {
-        /* The allocations stay frozen: launches passed untracked meanwhile. */
-        __atomic_store_n(&eng.pausing, 0, __ATOMIC_SEQ_CST);
-        fs_res_stop_freezing(&eng.res);
-        eng.can_pause = false;
-        FS_WARN("launch tracking could not pause; it goes on (the allocations made so far stay "
-                "on the device)");
+        goto out;
     }
+    if (still) {
+        /* Some reports may be off: all on again, or the pause stands. */
+        __atomic_store_n(&eng.can_pause, false, __ATOMIC_RELAXED);
+        if (eng.tracker->pause(false) != FS_OK) {
+            eng.paused = true;
+            STAT_ADD(tracking_pauses, 1);
+            FS_WARN("launch tracking could neither pause fully nor resume: it stays paused and "
+                    "nothing moves from now on");
+            goto out;
+        }
+        FS_WARN("launch tracking could not pause; it goes on");
+    }
+    __atomic_store_n(&eng.pausing, 0, __ATOMIC_SEQ_CST);
+    fs_res_stop_freezing(&eng.res);
 out:
     pthread_mutex_unlock(&eng.pause_lock);
 }
 
-/* Track launches again (WHY: a line for the log). */
-static void resume_tracking(const char *why)
+/* Track launches again if they are not (WHY: a line for the log); NEW_VA: an allocation not yet
+ * handed to the program (0: none), frozen if tracking cannot resume. Rare: the caller checked
+ * that something needs it. */
+static void resume_tracking(const char *why, fs_dptr new_va)
 {
-    if (!__atomic_load_n(&eng.pausing, __ATOMIC_ACQUIRE))
-        return;
     pthread_mutex_lock(&eng.pause_lock);
     if (!eng.pausing)
         goto out;
     if (eng.paused && eng.tracker->pause(false) != FS_OK) {
+        if (new_va)
+            fs_res_freeze_alloc(&eng.res, new_va);
         FS_WARN("%s, but launch tracking cannot resume: it stays paused and nothing moves (the "
-                "allocation works from host memory)", why);
+                "allocation works where it is)", why);
         goto out;
     }
     eng.paused = false;
@@ -467,9 +491,9 @@ static void resume_tracking(const char *why)
     STAT_ADD(tracking_resumes, 1);
     struct fs_res_stats r;
     fs_res_get_stats(&eng.res, &r);
-    FS_WARN("%s: launch tracking resumed; the %llu allocations placed on the device while it "
-            "was paused stay there, and what does not fit beside them works from host memory "
-            "(record the profile again at this budget, or set %s=0)", why,
+    FS_WARN("%s: launch tracking resumed; the allocations frozen on the device while it was "
+            "paused (%llu in this run) stay there, and what does not fit beside them works from "
+            "host memory (record the profile again at this budget, or set %s=0)", why,
             (unsigned long long)r.frozen, fs_param_defs[FS_P_PAUSE_TRACKING].env_name);
 out:
     pthread_mutex_unlock(&eng.pause_lock);
@@ -504,16 +528,18 @@ int fs_engine_alloc(uint64_t size, int ordinal, uint64_t *ptr_out)
         if (fs_exec_note_alloc(&eng.exec, a->id, a->size, &why) != FS_OK) {
             FS_WARN("the plan's profile does not match this program: %s; discovering it again",
                     why);
-            resume_tracking("the program left its profile");
+            if (may_pause() || __atomic_load_n(&eng.pausing, __ATOMIC_ACQUIRE))
+                resume_tracking("the program left its profile", 0);
             fs_rec_restart(&eng.rec);
         }
     }
-    if (FS_UNLIKELY(__atomic_load_n(&eng.pausing, __ATOMIC_ACQUIRE)) &&
+    /* may_pause: a pause may be under way on another thread (resume_tracking waits for it). */
+    if (FS_UNLIKELY(may_pause() || __atomic_load_n(&eng.pausing, __ATOMIC_ACQUIRE)) &&
         !fs_res_on_device(fs_res_lookup(&eng.res, va))) {
         char line[96];
         snprintf(line, sizeof(line), "an allocation of %llu bytes does not fit the budget",
                  (unsigned long long)size);
-        resume_tracking(line);
+        resume_tracking(line, va);
     }
     try_pause();
     *ptr_out = va;

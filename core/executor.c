@@ -715,11 +715,13 @@ int fs_exec_note_alloc(struct fs_executor *x, uint64_t id, uint64_t size, const 
 /* ---- following the program ------------------------------------------------------------------ */
 
 /* The place was found at launch Q: queue what the plan wants there (lock held). Evictions
- * first, so the prefetches find room. */
+ * first, so the prefetches find room; none when everything fits (fs_exec_moves_nothing): the
+ * allocations the iteration never uses then stay where they are. */
 static void place_for(struct fs_executor *x, int q)
 {
     const struct fs_plan_entry *e = x->prof.plan.entries;
-    for (int a = 0; a < x->prof.nallocs; a++)
+    bool evict = !__atomic_load_n(&x->moves_nothing, __ATOMIC_RELAXED);
+    for (int a = 0; a < x->prof.nallocs && evict; a++)
         if (!present_at(&e[a], q))
             queue_move(x, (uint64_t)a, true);
     for (int a = 0; a < x->prof.nallocs; a++)

@@ -641,6 +641,8 @@ static int fault_in_locked(struct fs_residency *res, struct fs_alloc *a,
         return LOAD(&a->state) == FS_RES_DEVICE || LOAD(&a->state) == FS_RES_STAGED
                    ? FS_OK
                    : FS_ERR_INVALID;
+    if (a->frozen)
+        return FS_ERR_NOMEM; /* stays on host: read in place, as when there is no room */
     bool grow;
     int rc = make_room(res, a->mapped, keep, nkeep, &grow);
     if (rc != FS_OK)
@@ -1116,8 +1118,9 @@ int fs_res_move_begin(struct fs_residency *res, uint64_t id, bool evict, struct 
         rc = FS_ERR_NOT_READY;
     } else if (evict ? LOAD(&a->state) == FS_RES_HOST : LOAD(&a->state) != FS_RES_HOST) {
         rc = FS_RES_NOTHING;
-    } else if (evict && a->frozen) {
-        rc = FS_ERR_NOT_READY; /* as if a launch held it, for good */
+    } else if (a->frozen) {
+        rc = evict ? FS_ERR_NOT_READY /* as if a launch held it, for good */
+                   : FS_ERR_NOMEM;    /* a prefetch: no room, for good */
     }
     if (rc != FS_OK)
         goto out;
@@ -1542,6 +1545,17 @@ int fs_res_freeze(struct fs_residency *res)
         res->freeze_new = true;
     pthread_mutex_unlock(&res->lock);
     return rc;
+}
+
+void fs_res_freeze_alloc(struct fs_residency *res, fs_dptr va)
+{
+    pthread_mutex_lock(&res->lock);
+    struct fs_alloc *a = fs_res_lookup(res, va);
+    if (a && !a->frozen) {
+        a->frozen = true;
+        STAT(res, frozen, 1);
+    }
+    pthread_mutex_unlock(&res->lock);
 }
 
 void fs_res_stop_freezing(struct fs_residency *res)

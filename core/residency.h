@@ -78,8 +78,9 @@ struct fs_alloc {
      * until a full synchronize completes after it, no event covers A, not even a later one
      * (which may be on another stream) */
     uint64_t skip_epoch;
-    /* never moved again: it was on the device while launch tracking was paused, so a launch the
-     * engine did not see may use it at any time (lock) */
+    /* never moved again (lock): it existed while launch tracking was paused, so a launch the
+     * engine did not see may use it at any time; on the device (fs_res_freeze), or on host when
+     * tracking could not resume (fs_res_freeze_alloc) */
     bool frozen;
     int index;              /* in fs_residency.allocs */
     struct fs_fp fp;        /* fingerprint of the host copy, when fp_valid */
@@ -327,6 +328,9 @@ int fs_res_host_blocks(struct fs_residency *res, fs_dptr *alloc_va, fs_dptr *blo
  * freeze them all (never moved again) and the ones placed on the device from now on, until
  * fs_res_stop_freezing; FS_OK. FS_ERR_NOT_READY (nothing changed) otherwise. */
 int fs_res_freeze(struct fs_residency *res);
+
+/* Freeze the allocation at VA wherever it is (launch tracking could not resume). */
+void fs_res_freeze_alloc(struct fs_residency *res, fs_dptr va);
 
 /* Launch tracking resumed: new allocations are managed as usual again (the frozen stay so). */
 void fs_res_stop_freezing(struct fs_residency *res);

@@ -20,9 +20,12 @@ static struct fs_device *open_sim(void)
     return dev;
 }
 
+static int tracker_refuses; /* ... and how it fails */
+
 static void start(struct fs_device *dev, char **envp)
 {
     __atomic_store_n(&tracker_paused, 0, __ATOMIC_RELEASE);
+    tracker_refuses = 0;
     fs_engine_teardown();
     fs_engine_use_device(dev);
     assert_int_equal(fs_engine_init(envp), FS_OK);
@@ -240,10 +243,16 @@ static int start_tracking(void)
     __atomic_store_n(&tracker_paused, 0, __ATOMIC_RELEASE);
     return FS_OK;
 }
+/* TRACKER_REFUSES 1: refuse to pause; 2: pause, yet fail, and refuse to resume (a tracker that
+ * fails partway). */
 static int pause_tracking(bool paused)
 {
+    if (tracker_refuses == 1 && paused)
+        return FS_ERR_DEVICE;
+    if (tracker_refuses == 2 && !paused)
+        return FS_ERR_DEVICE;
     __atomic_store_n(&tracker_paused, paused, __ATOMIC_RELEASE);
-    return FS_OK;
+    return tracker_refuses == 2 ? FS_ERR_DEVICE : FS_OK;
 }
 static const struct fs_tracker pausing_tracker = {start_tracking, pause_tracking};
 
@@ -1002,6 +1011,10 @@ static void test_tracking_pauses_while_nothing_moves(void **state)
     struct free_call f = {big, -100};
     pthread_t th;
     assert_int_equal(pthread_create(&th, NULL, free_in_thread, &f), 0);
+    do { /* freed: the thread goes on to pause */
+        usleep(1000);
+        fs_engine_get_stats(&st);
+    } while (st.res.allocs_live != L + 2);
     usleep(50 * 1000);
     assert_false(__atomic_load_n(&tracker_paused, __ATOMIC_ACQUIRE));
     report_exit(&t);
@@ -1039,6 +1052,7 @@ static void test_tracking_kept_or_resumed_for_discovery(void **state)
 
     dev = start_with_room(path, 128, "FLEXTENSOR_PAUSE_TRACKING=0");
     alloc_program(dev, w, L, &act, 2 * MIB);
+    assert_int_equal(fs_engine_alloc(40 * MIB, 0, &idle), FS_OK);
     fs_engine_get_stats(&st);
     uint64_t seen = st.launch.launches; /* the launch counters live across engines */
     assert_int_equal(run_program(dev, w, L, act, 3), 0);
@@ -1046,6 +1060,9 @@ static void test_tracking_kept_or_resumed_for_discovery(void **state)
     assert_false(__atomic_load_n(&tracker_paused, __ATOMIC_ACQUIRE));
     assert_int_equal(st.tracking_pauses, 0);
     assert_int_equal(st.launch.launches - seen, 3 * PER_ITER);
+    /* The plan moves nothing: once it found its place, the unused allocation stayed put. */
+    assert_int_equal(st.exec.syncs, 1);
+    assert_int_equal(st.res.evictions, 0);
     stop(dev);
 
     dev = start_with_room(path, 128, NULL);
@@ -1059,6 +1076,51 @@ static void test_tracking_kept_or_resumed_for_discovery(void **state)
     assert_int_equal(st.tracking_pauses, 1);
     assert_int_equal(st.tracking_resumes, 1);
     stop(dev);
+    unlink(path);
+}
+
+/* A tracker that refuses to pause (at the first allocation): tracking goes on and is not paused
+ * again; what was frozen stays so (launches may have passed untracked while the pause was tried),
+ * the later allocations move as usual. One that pauses but fails, then cannot resume: the pause
+ * stands, and an allocation that does not fit is frozen on host, read there, never faulted in. */
+static void test_tracking_pause_failures(void **state)
+{
+    (void)state;
+    char path[64];
+    fresh_path(path, sizeof(path));
+    record_profile(path, "FLEXTENSOR_GPU_MEMORY_LIMIT=128MiB");
+    for (int refuses = 1; refuses <= 2; refuses++) {
+        struct fs_device *dev = start_with_room(path, 128, NULL);
+        tracker_refuses = refuses;
+        uint64_t w[L], act, big;
+        alloc_program(dev, w, L, &act, 2 * MIB);
+        struct fs_engine_stats st;
+        fs_engine_get_stats(&st);
+        assert_int_equal(__atomic_load_n(&tracker_paused, __ATOMIC_ACQUIRE), refuses == 2);
+        assert_int_equal(st.tracking_pauses, refuses == 2);
+        assert_int_equal(st.res.frozen, refuses == 2 ? L + 1 : 1);
+        assert_int_equal(fs_engine_alloc(64 * MIB, 0, &big), FS_OK); /* 68 + 64 > 128 */
+        fs_stream s;
+        assert_int_equal(fs_sim_stream_create(dev, &s), FS_OK);
+        launch_on(dev, s, big);
+        assert_int_equal(run_program(dev, w, L, act, 3), 0);
+        assert_int_equal(dev->ops->stream_destroy(dev, s), FS_OK);
+        fs_engine_get_stats(&st);
+        assert_int_equal(st.tracking_resumes, 0);
+        assert_int_equal(st.tracking_pauses, refuses == 2);
+        if (refuses == 1) { /* room made from the weights: 56 + 64 MiB fit */
+            assert_int_equal(st.res.frozen, 1);
+            assert_int_equal(st.res.placed_on_host, 0);
+            assert_true(st.res.evictions > 0);
+        } else {
+            assert_true(__atomic_load_n(&tracker_paused, __ATOMIC_ACQUIRE));
+            assert_int_equal(st.res.frozen, L + 2);
+            assert_int_equal(st.res.placed_on_host, 1);
+            assert_int_equal(st.res.evictions, 0);
+            assert_int_equal(st.res.faults, 0);
+        }
+        stop(dev);
+    }
     unlink(path);
 }
 
@@ -1087,6 +1149,7 @@ int main(void)
         cmocka_unit_test(test_mismatched_or_corrupt_profile_rediscovers),
         cmocka_unit_test(test_tracking_pauses_while_nothing_moves),
         cmocka_unit_test(test_tracking_kept_or_resumed_for_discovery),
+        cmocka_unit_test(test_tracking_pause_failures),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }
