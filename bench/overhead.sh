@@ -54,21 +54,20 @@ case " ${sides[*]} " in *" noshim "*) ;; *) echo "overhead.sh: SIDES must includ
 
 for r in $(seq 1 "$ROUNDS"); do
     for side in "${sides[@]}"; do
-        res=(--iters "$ITERS" --result "$OUT/$side-$r.json" "${ARGS[@]}")
         if [ "$side" = noshim ]; then
+            envs=(env) system=noshim pct=100
             echo "---- round $r/$ROUNDS: noshim"
-            "${PIN[@]}" "$PY" bench/bench.py --system noshim --workload decode --model "$MODEL" \
-                --budget-pct 100 "${res[@]}" > "$OUT/$side-$r.out" 2>&1 || tail -5 "$OUT/$side-$r.out"
-            continue
+        else
+            pause=1
+            [ "$side" = watch ] && pause=0
+            read -r -a envs <<<"$(shim_env "$mib" "$OUT/$side-$r.log" "$PROFILE")"
+            envs+=(FLEXTENSOR_OFFLOAD_MODE="$MODE" FLEXTENSOR_PAUSE_TRACKING="$pause")
+            system=flexshim_$MODE pct=$PCT
+            echo "---- round $r/$ROUNDS: $side ($MODE, ${PCT}% = ${mib} MiB, PAUSE_TRACKING=$pause)"
         fi
-        pause=1
-        [ "$side" = watch ] && pause=0
-        echo "---- round $r/$ROUNDS: $side ($MODE, ${PCT}% = ${mib} MiB, PAUSE_TRACKING=$pause)"
-        # shellcheck disable=SC2046
-        $(shim_env "$mib" "$OUT/$side-$r.log" "$PROFILE") FLEXTENSOR_OFFLOAD_MODE="$MODE" \
-            FLEXTENSOR_PAUSE_TRACKING=$pause \
-            "${PIN[@]}" "$PY" bench/bench.py --system "flexshim_$MODE" --workload decode --model "$MODEL" \
-            --budget-pct "$PCT" "${res[@]}" > "$OUT/$side-$r.out" 2>&1 || tail -5 "$OUT/$side-$r.out"
+        "${envs[@]}" "${PIN[@]}" "$PY" bench/bench.py --system "$system" --workload decode \
+            --model "$MODEL" --budget-pct "$pct" --iters "$ITERS" --result "$OUT/$side-$r.json" \
+            "${ARGS[@]}" >"$OUT/$side-$r.out" 2>&1 || tail -5 "$OUT/$side-$r.out"
     done
 done
 

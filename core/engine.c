@@ -40,7 +40,7 @@ static struct {
     struct fs_executor exec;
     /* Launch tracking paused (try_pause): PAUSING lets launches through untracked (atomic),
      * PAUSED says the tracker stopped reporting them, OPEN counts the tracked launches between
-     * enter and exit (atomic). */
+     * enter and exit while a pause is possible (atomic). */
     pthread_mutex_t pause_lock;
     bool can_pause;
     int pausing;
@@ -352,12 +352,15 @@ static int start_locked(int want)
     if (rc != FS_OK)
         goto fail_launch;
     if (eng.tracker) {
+        /* Before the first report: launches count themselves open only where a pause may come
+         * (a plan can move nothing only with a profile). */
+        __atomic_store_n(&eng.can_pause,
+                         eng.tracker->pause && eng.planning &&
+                             fs_config_u64(cfg, FS_P_PAUSE_TRACKING) != 0,
+                         __ATOMIC_RELAXED);
         rc = eng.tracker->start();
         if (rc != FS_OK)
             goto fail_rec; /* the tracker said why */
-        __atomic_store_n(&eng.can_pause,
-                         eng.tracker->pause && fs_config_u64(cfg, FS_P_PAUSE_TRACKING) != 0,
-                         __ATOMIC_RELAXED);
     }
     eng.stats.budget = budget;
     if (fs_config_str(cfg, FS_P_TRACE_OUT)[0] && !fs_rt_on() &&
@@ -430,6 +433,12 @@ static bool started(void)
 static bool may_pause(void)
 {
     return __atomic_load_n(&eng.can_pause, __ATOMIC_RELAXED);
+}
+
+/* Tracking may be paused now, or be pausing on another thread. */
+static bool pause_possible(void)
+{
+    return may_pause() || __atomic_load_n(&eng.pausing, __ATOMIC_ACQUIRE);
 }
 
 /* Called by the program's allocation and free calls (never from a launch report). */
@@ -528,13 +537,13 @@ int fs_engine_alloc(uint64_t size, int ordinal, uint64_t *ptr_out)
         if (fs_exec_note_alloc(&eng.exec, a->id, a->size, &why) != FS_OK) {
             FS_WARN("the plan's profile does not match this program: %s; discovering it again",
                     why);
-            if (may_pause() || __atomic_load_n(&eng.pausing, __ATOMIC_ACQUIRE))
+            if (pause_possible())
                 resume_tracking("the program left its profile", 0);
             fs_rec_restart(&eng.rec);
         }
     }
-    /* may_pause: a pause may be under way on another thread (resume_tracking waits for it). */
-    if (FS_UNLIKELY(may_pause() || __atomic_load_n(&eng.pausing, __ATOMIC_ACQUIRE)) &&
+    /* Also while a pause is under way on another thread (resume_tracking waits for it). */
+    if (FS_UNLIKELY(pause_possible()) &&
         !fs_res_on_device(fs_res_lookup(&eng.res, va))) {
         char line[96];
         snprintf(line, sizeof(line), "an allocation of %llu bytes does not fit the budget",
@@ -595,9 +604,13 @@ void fs_engine_launch_enter(const struct fs_launch_desc *d, struct fs_launch_tic
         t->active = false;
         return;
     }
-    __atomic_add_fetch(&eng.open, 1, __ATOMIC_SEQ_CST);
+    /* Counted only where tracking may pause: no shared counter on every launch otherwise. */
+    t->counted = may_pause();
+    if (t->counted)
+        __atomic_add_fetch(&eng.open, 1, __ATOMIC_SEQ_CST);
     if (FS_UNLIKELY(__atomic_load_n(&eng.pausing, __ATOMIC_SEQ_CST))) {
-        __atomic_sub_fetch(&eng.open, 1, __ATOMIC_SEQ_CST);
+        if (t->counted)
+            __atomic_sub_fetch(&eng.open, 1, __ATOMIC_SEQ_CST);
         t->active = false;
         return;
     }
@@ -625,7 +638,8 @@ void fs_engine_launch_exit(struct fs_launch_ticket *t, bool queued)
         fs_rec_launch(&eng.rec, t->func, t->sig, t->stream, orders, n, t->t_enter_ns);
     if (FS_UNLIKELY(eng.planning && fs_exec_take_give_up(&eng.exec)))
         fs_rec_restart(&eng.rec);
-    __atomic_sub_fetch(&eng.open, 1, __ATOMIC_SEQ_CST);
+    if (t->counted)
+        __atomic_sub_fetch(&eng.open, 1, __ATOMIC_SEQ_CST);
 }
 
 void fs_engine_get_stats(struct fs_engine_stats *out)

@@ -46,6 +46,7 @@ struct fs_launch_ticket {
     bool unknown;     /* parameters could not be read */
     int n;
     bool active; /* references were taken: fs_launch_exit must run */
+    bool counted; /* among the engine's open launches (engine.c, pausing launch tracking) */
     struct fs_alloc *refs[FS_LAUNCH_MAX_REFS];
     /* Where the scan found each pointer into a managed allocation (in the caller's parameter
      * memory), for redirection; FIXED: the launch cannot be redirected (a copy or memset, whose

@@ -466,6 +466,14 @@ static int write_back(struct fs_residency *res, struct fs_alloc *a)
 
 /* ---- eviction and fault-in (lock held) ------------------------------------------------------ */
 
+/* A is never moved again (residency.h, fs_alloc.frozen). Lock held. */
+static void freeze_locked(struct fs_residency *res, struct fs_alloc *a)
+{
+    if (!a->frozen)
+        STAT(res, frozen, 1);
+    a->frozen = true;
+}
+
 /* A move of A that failed, left in STATE: counted, and said in one warning ("DOING allocation
  * N (B bytes) failed (why); OUTCOME"). Lock held. */
 static void move_abandoned(struct fs_residency *res, struct fs_alloc *a, const char *doing,
@@ -766,10 +774,8 @@ int fs_res_alloc(struct fs_residency *res, uint64_t size, fs_dptr *out)
     }
     a->id = res->next_id++;
     a->touch_epoch = 0;
-    if (res->freeze_new && a->state == FS_RES_DEVICE) {
-        a->frozen = true;
-        STAT(res, frozen, 1);
-    }
+    if (res->freeze_new && a->state == FS_RES_DEVICE)
+        freeze_locked(res, a);
     STORE(&a->kept, plan_role(res, a) == FS_PLAN_KEPT);
     STAT(res, allocs_live, 1);
     STAT(res, bytes_live, a->mapped);
@@ -1535,12 +1541,8 @@ int fs_res_freeze(struct fs_residency *res)
     for (int i = 0; i < res->nallocs && rc == FS_OK; i++)
         if (LOAD(&res->allocs[i]->state) != FS_RES_DEVICE)
             rc = FS_ERR_NOT_READY;
-    for (int i = 0; i < res->nallocs && rc == FS_OK; i++) {
-        struct fs_alloc *a = res->allocs[i];
-        if (!a->frozen)
-            STAT(res, frozen, 1);
-        a->frozen = true;
-    }
+    for (int i = 0; i < res->nallocs && rc == FS_OK; i++)
+        freeze_locked(res, res->allocs[i]);
     if (rc == FS_OK)
         res->freeze_new = true;
     pthread_mutex_unlock(&res->lock);
@@ -1551,10 +1553,8 @@ void fs_res_freeze_alloc(struct fs_residency *res, fs_dptr va)
 {
     pthread_mutex_lock(&res->lock);
     struct fs_alloc *a = fs_res_lookup(res, va);
-    if (a && !a->frozen) {
-        a->frozen = true;
-        STAT(res, frozen, 1);
-    }
+    if (a)
+        freeze_locked(res, a);
     pthread_mutex_unlock(&res->lock);
 }
 

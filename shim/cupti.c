@@ -194,13 +194,15 @@ static bool name_starts(const char *name, const char *prefix)
     return strncmp(name, prefix, strlen(prefix)) == 0;
 }
 
-static int enable(CUpti_CallbackId cbid)
+/* Have CUPTI report driver call CBID (ON) or stop reporting it. */
+static int report(CUpti_CallbackId cbid, bool on)
 {
-    CUptiResult r = fs_cuda.cuptiEnableCallback(1, subscriber, CUPTI_CB_DOMAIN_DRIVER_API, cbid);
+    CUptiResult r = fs_cuda.cuptiEnableCallback(on, subscriber, CUPTI_CB_DOMAIN_DRIVER_API, cbid);
     if (r != CUPTI_SUCCESS) {
         const char *msg = "?";
         fs_cuda.cuptiGetResultString(r, &msg);
-        FS_WARN("CUPTI refused to report driver call %u (%s)", (unsigned)cbid, msg);
+        FS_WARN("CUPTI refused to %s driver call %u (%s)", on ? "report" : "stop reporting",
+                (unsigned)cbid, msg);
         return FS_ERR_DEVICE;
     }
     return FS_OK;
@@ -209,19 +211,9 @@ static int enable(CUpti_CallbackId cbid)
 int fs_shim_tracking_pause(bool paused)
 {
     int rc = FS_OK;
-    for (uint32_t cbid = 1; cbid < CUPTI_DRIVER_TRACE_CBID_SIZE; cbid++) {
-        if (cbid_kind[cbid] == KIND_NONE)
-            continue;
-        CUptiResult r = fs_cuda.cuptiEnableCallback(!paused, subscriber,
-                                                    CUPTI_CB_DOMAIN_DRIVER_API, cbid);
-        if (r != CUPTI_SUCCESS && rc == FS_OK) {
-            const char *msg = "?";
-            fs_cuda.cuptiGetResultString(r, &msg);
-            FS_WARN("CUPTI refused to %s reporting driver call %u (%s)",
-                    paused ? "stop" : "resume", (unsigned)cbid, msg);
+    for (uint32_t cbid = 1; cbid < CUPTI_DRIVER_TRACE_CBID_SIZE; cbid++)
+        if (cbid_kind[cbid] != KIND_NONE && report(cbid, !paused) != FS_OK)
             rc = FS_ERR_DEVICE;
-        }
-    }
     return rc;
 }
 
@@ -262,12 +254,12 @@ int fs_shim_tracking_start(void)
     int rc = FS_OK;
     for (size_t i = 0; i < FS_ARRAY_LEN(launches) && rc == FS_OK; i++) {
         cbid_kind[launches[i]] = KIND_KERNEL;
-        rc = enable(launches[i]);
+        rc = report(launches[i], true);
     }
     for (size_t i = 0; i < FS_ARRAY_LEN(copy_layouts) && rc == FS_OK; i++) {
         cbid_kind[copy_layouts[i].cbid] = KIND_COPY;
         copy_index[copy_layouts[i].cbid] = (unsigned char)(i + 1);
-        rc = enable(copy_layouts[i].cbid);
+        rc = report(copy_layouts[i].cbid, true);
     }
     /* Everything else that can touch device memory from the GPU side, found by name so every
      * versioned and per-thread variant is included. */
@@ -281,7 +273,7 @@ int fs_shim_tracking_start(void)
         if (name_starts(name, "cuMemcpy") || name_starts(name, "cuMemset") ||
             name_starts(name, "cuGraphLaunch")) {
             cbid_kind[cbid] = KIND_OPAQUE;
-            rc = enable(cbid);
+            rc = report(cbid, true);
         }
     }
     if (rc != FS_OK) {

@@ -846,6 +846,16 @@ static void test_plan_host_role_is_read_in_place(void **state)
 /* One allocation of SIZE bytes (filled with seed 0) into V, with the plan role FS_PLAN_STAGED,
  * on host after a plain eviction: what redirect mode's plan starts from. */
 /* N allocations of SIZE, filled (alloc_filled), with the plan roles ROLES. */
+/* Evict A (it must succeed); the full synchronizes that took. */
+static uint64_t evict_syncs(struct env *e, const struct fs_alloc *a)
+{
+    struct fs_res_stats s0, s1;
+    fs_res_get_stats(&e->res, &s0);
+    assert_int_equal(fs_res_evict_id(&e->res, a->id), FS_OK);
+    fs_res_get_stats(&e->res, &s1);
+    return s1.quiesce_syncs - s0.quiesce_syncs;
+}
+
 static void alloc_with_roles(struct env *e, fs_dptr *v, int n, uint64_t size,
                              const uint8_t *roles)
 {
@@ -1015,11 +1025,7 @@ static void test_kept_allocations_record_no_events(void **state)
     launch(&e, v, sizes, 2, 1000, add_one, &k); /* B may move: an event for both */
     assert_non_null(A->last_use);
     assert_true(A->event_tick >= A->last_tick);
-    struct fs_res_stats s0, s1;
-    fs_res_get_stats(&e.res, &s0);
-    assert_int_equal(fs_res_evict_id(&e.res, A->id), FS_OK);
-    fs_res_get_stats(&e.res, &s1);
-    assert_int_equal(s1.quiesce_syncs, s0.quiesce_syncs + 1);
+    assert_int_equal(evict_syncs(&e, A), 1);
     check(&e, v[0], sz, 0, 2);
     check(&e, v[1], sz, 1, 1); /* add_one changes only its first range */
     env_close(&e);
@@ -1057,11 +1063,7 @@ static void test_kept_use_on_another_stream_is_waited_for(void **state)
     uint64_t tick = fs_res_launch_begin(&e.res, ab, 2, e.stream, false, false, NULL);
     fs_res_launch_done(&e.res, tick, e.stream, ab, 2, true, false);
     assert_non_null(A->last_use);
-    struct fs_res_stats s0, s1;
-    fs_res_get_stats(&e.res, &s0);
-    assert_int_equal(fs_res_evict_id(&e.res, A->id), FS_OK);
-    fs_res_get_stats(&e.res, &s1);
-    assert_int_equal(s1.quiesce_syncs, s0.quiesce_syncs + 1);
+    assert_int_equal(evict_syncs(&e, A), 1);
     check(&e, v[0], sz, 0, 1);
     assert_int_equal(fs_dev_call(e.dev, stream_destroy, s2), FS_OK);
     env_close(&e); /* no illegal access, no unsafe unmap */
