@@ -7,16 +7,20 @@
 # 10% between processes). No run trace, no debug log: the shim as a user runs it.
 #
 #   PROFILE=prof-decode.json OUT=dir [ROUNDS=3 PCT=105 MODEL=7b MODE=redirect SIDES="noshim shim"] \
-#       [ITERS=32 CPUS=] bash bench/overhead.sh
+#       [ITERS=32 CPUS= ALT_LIBS=] bash bench/overhead.sh
 #
 # SIDES, run in this order each round: noshim (no shim), shim (the shim as a user runs it: with
 # nothing to move it stops watching launches), watch (FLEXTENSOR_PAUSE_TRACKING=0: it watches
-# every launch, the cost a plan that moves something pays on each). ITERS: decode steps per run.
+# every launch, the cost a plan that moves something pays on each), alt1, alt2, ... (the shim as
+# a user runs it, preloading the first, second, ... library of ALT_LIBS, space-separated paths,
+# instead of dist/'s: other builds, for an A/B between commits in one session). ITERS: decode
+# steps per run.
 # CPUS: run every side under `taskset -c CPUS` (the step is host-bound: fewer migrations).
 # PROFILE: a decode profile of the same model (bench/run.sh leaves one in bench-logs.tar.gz).
 # FAKE=1: no GPU; bench.py makes numbers up and nothing is preloaded (tests this script).
-# Prints each run's median step, then the median of each side's medians and its ratio to noshim's;
-# the results (bench.py JSON) and the shim's logs stay in OUT.
+# Prints each run's median step and output fingerprint (decode: the tokens; every run must give
+# the same, else the exit status is 1), then the median of each side's medians and its ratio to
+# noshim's; the results (bench.py JSON) and the shim's logs stay in OUT.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 : "${PROFILE:?PROFILE=a decode profile}" "${OUT:?OUT=a directory}"
@@ -25,11 +29,13 @@ PCT=${PCT:-105}
 MODEL=${MODEL:-7b}
 MODE=${MODE:-redirect}
 read -r -a sides <<<"${SIDES:-noshim shim}"
+read -r -a alt_libs <<<"${ALT_LIBS:-}"
 ITERS=${ITERS:-32}
 PIN=()
 [ -n "${CPUS:-}" ] && PIN=(taskset -c "$CPUS")
 PY=${PY:-python3}
-LIB=$PWD/dist/lib/libflexshim.so
+SHIM_LIB=$PWD/dist/lib/libflexshim.so
+LIB=$SHIM_LIB
 [ -f "$PROFILE" ] || { echo "overhead.sh: PROFILE=$PROFILE: no such file" >&2; exit 2; }
 # shellcheck source=bench/shim_env.sh
 . bench/shim_env.sh
@@ -47,7 +53,14 @@ export FLEXTENSOR_CONFIG='' PYTHONUNBUFFERED=1
 for side in "${sides[@]}"; do
     case $side in
     noshim | shim | watch) ;;
-    *) echo "overhead.sh: SIDES=${sides[*]}: unknown side $side (noshim, shim, watch)" >&2; exit 2 ;;
+    alt[1-9])
+        lib=${alt_libs[${side#alt} - 1]:-}
+        [ -n "$lib" ] && { [ "${FAKE:-0}" = 1 ] || [ -f "$lib" ]; } || {
+            echo "overhead.sh: side $side needs word ${side#alt} of ALT_LIBS to be a" \
+                "libflexshim.so that exists (ALT_LIBS=${ALT_LIBS:-})" >&2
+            exit 2
+        } ;;
+    *) echo "overhead.sh: SIDES=${sides[*]}: unknown side $side (noshim, shim, watch, alt1-alt9)" >&2; exit 2 ;;
     esac
 done
 case " ${sides[*]} " in *" noshim "*) ;; *) echo "overhead.sh: SIDES must include noshim" >&2; exit 2 ;; esac
@@ -58,12 +71,15 @@ for r in $(seq 1 "$ROUNDS"); do
             envs=(env) system=noshim pct=100
             echo "---- round $r/$ROUNDS: noshim"
         else
-            pause=1
+            pause=1 LIB=$SHIM_LIB
             [ "$side" = watch ] && pause=0
+            case $side in alt*) LIB=${alt_libs[${side#alt} - 1]} ;; esac
             read -r -a envs <<<"$(shim_env "$mib" "$OUT/$side-$r.log" "$PROFILE")"
-            envs+=(FLEXTENSOR_OFFLOAD_MODE="$MODE" FLEXTENSOR_PAUSE_TRACKING="$pause")
+            envs+=(FLEXTENSOR_OFFLOAD_MODE="$MODE")
+            # An older build may not know the setting (an unknown FLEXTENSOR_ name is an error).
+            [ "${side#alt}" != "$side" ] || envs+=(FLEXTENSOR_PAUSE_TRACKING="$pause")
             system=flexshim_$MODE pct=$PCT
-            echo "---- round $r/$ROUNDS: $side ($MODE, ${PCT}% = ${mib} MiB, PAUSE_TRACKING=$pause)"
+            echo "---- round $r/$ROUNDS: $side ($MODE, ${PCT}% = ${mib} MiB, PAUSE_TRACKING=$pause, $LIB)"
         fi
         "${envs[@]}" "${PIN[@]}" "$PY" bench/bench.py --system "$system" --workload decode \
             --model "$MODEL" --budget-pct "$pct" --iters "$ITERS" --result "$OUT/$side-$r.json" \
@@ -76,16 +92,25 @@ import json, os, statistics, sys
 
 out, rounds, sides = sys.argv[1], int(sys.argv[2]), sys.argv[3:]
 med = {side: [] for side in sides}
+outputs = {}  # fingerprint of the output (decode: the tokens) -> runs that gave it
 for r in range(1, rounds + 1):
     for side in sides:
         path = os.path.join(out, f"{side}-{r}.json")
         try:
-            ms = json.load(open(path)).get("step_ms_median")
+            result = json.load(open(path))
         except (OSError, ValueError):
-            ms = None
-        print(f"round {r} {side:6s} median step {ms} ms")
+            result = {}
+        ms = result.get("step_ms_median")
+        fp = (result.get("fingerprint") or {}).get("value")
+        print(f"round {r} {side:6s} median step {ms} ms, output {fp}")
         if ms is not None:
             med[side].append(ms)
+        if fp is not None:
+            outputs.setdefault(fp, []).append(f"{side}-{r}")
+if len(outputs) == 1:
+    print(f"outputs identical in all {sum(len(v) for v in outputs.values())} runs")
+else:
+    print("OUTPUTS DIFFER: " + "; ".join(f"{fp}: {' '.join(runs)}" for fp, runs in outputs.items()))
 if not med["noshim"] or not all(med.values()):
     print("no ratio: a side has no result")
     sys.exit(1)
@@ -96,4 +121,5 @@ for side in sides:
         m, f = statistics.median(med[side]), min(med[side])
         print(f"{side} {m:.2f} ms (median of {len(med[side])} runs): ratio {m / base:.3f}; "
               f"fastest run {f:.2f} ms: ratio {f / low:.3f}")
+sys.exit(0 if len(outputs) <= 1 else 1)
 EOF

@@ -187,6 +187,14 @@ uint64_t fs_phys_pool_held_peak(struct fs_phys_pool *pool)
     return v;
 }
 
+void fs_phys_pool_counts(struct fs_phys_pool *pool, uint64_t *created, uint64_t *released)
+{
+    pthread_mutex_lock(&pool->lock);
+    *created = pool->blocks_created;
+    *released = pool->blocks_released;
+    pthread_mutex_unlock(&pool->lock);
+}
+
 int fs_block_copy(struct fs_device *dev, const struct fs_block *b, fs_dptr va, uint64_t size,
                   bool to_block, fs_stream stream)
 {

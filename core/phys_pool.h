@@ -59,6 +59,8 @@ uint64_t fs_phys_pool_trim(struct fs_phys_pool *pool, uint64_t want);
 
 uint64_t fs_phys_pool_held(struct fs_phys_pool *pool);
 uint64_t fs_phys_pool_held_peak(struct fs_phys_pool *pool);
+/* Blocks created and released (trimmed) over the pool's life. */
+void fs_phys_pool_counts(struct fs_phys_pool *pool, uint64_t *created, uint64_t *released);
 
 /* Copy SIZE bytes between an allocation at VA and block B on STREAM (TO_BLOCK: va -> block). */
 int fs_block_copy(struct fs_device *dev, const struct fs_block *b, fs_dptr va, uint64_t size,

@@ -310,6 +310,13 @@ FAKE=1 PROFILE="$tmp/prof.json" OUT="$tmp/ovh" ROUNDS=2 SIDES="noshim shim watch
 expect_rc "overhead.sh FAKE=1 exits 0" 0 $rc "$tmp/o"
 expect "overhead.sh: two rounds, a ratio" "$tmp/o" '^shim [0-9.]+ ms \(median of 2 runs\): ratio [0-9.]+'
 expect "overhead.sh: the watching side too" "$tmp/o" '^watch [0-9.]+ ms \(median of 2 runs\): ratio [0-9.]+'
+expect "overhead.sh: compares the outputs" "$tmp/o" '^outputs identical in all 6 runs$'
+FAKE=1 PROFILE="$tmp/prof.json" OUT="$tmp/ovh" ROUNDS=1 SIDES="noshim alt1" ALT_LIBS=/x.so bash bench/overhead.sh >"$tmp/o" 2>&1; rc=$?
+expect_rc "overhead.sh: another build as side alt1" 0 $rc "$tmp/o"
+expect "overhead.sh: alt1's ratio" "$tmp/o" '^alt1 [0-9.]+ ms \(median of 1 runs\): ratio [0-9.]+'
+FAKE=1 PROFILE="$tmp/prof.json" OUT="$tmp/ovh" SIDES="noshim alt1 alt2" ALT_LIBS=/x.so bash bench/overhead.sh >"$tmp/o" 2>&1; rc=$?
+expect_rc "overhead.sh: alt2 without a second library exits 2" 2 $rc "$tmp/o"
+expect "overhead.sh: says which word of ALT_LIBS is missing" "$tmp/o" 'side alt2 needs word 2 of ALT_LIBS to be a libflexshim.so that exists \(ALT_LIBS=/x.so\)'
 FAKE=1 PROFILE="$tmp/prof.json" OUT="$tmp/ovh" SIDES="noshim shimm" bash bench/overhead.sh >"$tmp/o" 2>&1; rc=$?
 expect_rc "overhead.sh: an unknown side exits 2" 2 $rc "$tmp/o"
 expect "overhead.sh: names the unknown side" "$tmp/o" 'unknown side shimm'
