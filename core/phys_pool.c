@@ -98,10 +98,12 @@ int fs_phys_pool_get(struct fs_phys_pool *pool, uint64_t size, bool grow, struct
     pthread_mutex_unlock(&pool->lock);
     if (!grow)
         return FS_ERR_NOMEM;
+    uint64_t t0 = fs_now_ns();
     int rc = fs_phys_block_create(pool->dev, pool->loc, size, out);
     if (rc != FS_OK)
         return rc;
     pthread_mutex_lock(&pool->lock);
+    pool->create_ns += fs_now_ns() - t0;
     pool->held_bytes += size;
     if (pool->held_bytes > pool->held_peak)
         pool->held_peak = pool->held_bytes;
@@ -165,7 +167,9 @@ uint64_t fs_phys_pool_trim(struct fs_phys_pool *pool, uint64_t want)
         pool->held_bytes -= b->size;
         pool->blocks_released++;
         released += b->size;
+        uint64_t t0 = fs_now_ns();
         fs_phys_block_release(pool->dev, b);
+        pool->release_ns += fs_now_ns() - t0;
     }
     pthread_mutex_unlock(&pool->lock);
     return released;
@@ -187,12 +191,13 @@ uint64_t fs_phys_pool_held_peak(struct fs_phys_pool *pool)
     return v;
 }
 
-void fs_phys_pool_counts(struct fs_phys_pool *pool, uint64_t *created, uint64_t *released)
+struct fs_pool_counts fs_phys_pool_counts(struct fs_phys_pool *pool)
 {
     pthread_mutex_lock(&pool->lock);
-    *created = pool->blocks_created;
-    *released = pool->blocks_released;
+    struct fs_pool_counts c = {pool->blocks_created, pool->blocks_released, pool->create_ns,
+                               pool->release_ns};
     pthread_mutex_unlock(&pool->lock);
+    return c;
 }
 
 int fs_block_copy(struct fs_device *dev, const struct fs_block *b, fs_dptr va, uint64_t size,

@@ -34,6 +34,7 @@ struct fs_phys_pool {
     uint64_t free_bytes; /* cached */
     uint64_t held_peak;
     uint64_t blocks_created, blocks_released;
+    uint64_t create_ns, release_ns; /* host time in the driver for them (trimmed ones only) */
 };
 
 int fs_phys_pool_init(struct fs_phys_pool *pool, struct fs_device *dev, enum fs_mem_loc loc);
@@ -59,8 +60,12 @@ uint64_t fs_phys_pool_trim(struct fs_phys_pool *pool, uint64_t want);
 
 uint64_t fs_phys_pool_held(struct fs_phys_pool *pool);
 uint64_t fs_phys_pool_held_peak(struct fs_phys_pool *pool);
-/* Blocks created and released (trimmed) over the pool's life. */
-void fs_phys_pool_counts(struct fs_phys_pool *pool, uint64_t *created, uint64_t *released);
+/* Over a pool's life: blocks created and released (trimmed), and the host time spent making
+ * them and giving the trimmed ones back. */
+struct fs_pool_counts {
+    uint64_t made, released, made_ns, released_ns;
+};
+struct fs_pool_counts fs_phys_pool_counts(struct fs_phys_pool *pool);
 
 /* Copy SIZE bytes between an allocation at VA and block B on STREAM (TO_BLOCK: va -> block). */
 int fs_block_copy(struct fs_device *dev, const struct fs_block *b, fs_dptr va, uint64_t size,

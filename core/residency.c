@@ -1513,7 +1513,7 @@ void fs_res_get_stats(struct fs_residency *res, struct fs_res_stats *out)
     pthread_mutex_unlock(&res->lock);
     out->device_bytes_held = fs_phys_pool_held(&res->dev_pool);
     out->device_bytes_peak = fs_phys_pool_held_peak(&res->dev_pool);
-    fs_phys_pool_counts(&res->dev_pool, &out->device_blocks_made, &out->device_blocks_released);
+    out->device_blocks = fs_phys_pool_counts(&res->dev_pool);
     out->host_bytes_held = fs_phys_pool_held(&res->host_pool);
 }
 

@@ -101,8 +101,9 @@ struct fs_res_stats {
     uint64_t device_bytes_held; /* device pool, in use and cached */
     uint64_t device_bytes_peak;
     /* device pool blocks made (device memory created and mapped) and given back (trimmed to
-     * make room for a block of another size): each is driver work on the mover's path */
-    uint64_t device_blocks_made, device_blocks_released;
+     * make room for a block of another size), with the host time in the driver for them: work
+     * on the mover's path */
+    struct fs_pool_counts device_blocks;
     uint64_t host_bytes_held;   /* host pool */
     uint64_t evictions, evicted_bytes;
     uint64_t faults, faulted_bytes;   /* on-demand fault-ins */
