@@ -190,6 +190,37 @@ static void test_alloc_within_budget_stays_on_device(void **state)
     env_close(&e);
 }
 
+/* The exit line's device blocks: a freed block is reused by an allocation of its size; one of
+ * another size, with the budget full, costs a block given back and one made. */
+static void test_pool_counts_blocks_made_and_given_back(void **state)
+{
+    (void)state;
+    struct env e;
+    env_open(&e, 64 * MIB, true);
+    fs_dptr a, b, c;
+    assert_int_equal(fs_res_alloc(&e.res, 32 * MIB, &a), FS_OK);
+    assert_int_equal(fs_res_alloc(&e.res, 32 * MIB, &b), FS_OK);
+    assert_int_equal(fs_res_free(&e.res, a), FS_OK);
+    assert_int_equal(fs_res_alloc(&e.res, 32 * MIB, &a), FS_OK); /* the cached block */
+    struct fs_res_stats s;
+    fs_res_get_stats(&e.res, &s);
+    assert_int_equal(s.device_blocks.made, 2);
+    assert_int_equal(s.device_blocks.released, 0);
+    assert_true(s.device_blocks.made_ns > 0);
+    assert_int_equal(s.device_blocks.released_ns, 0);
+    assert_int_equal(fs_res_free(&e.res, a), FS_OK);
+    assert_int_equal(fs_res_alloc(&e.res, 20 * MIB, &c), FS_OK);
+    assert_int_equal(where(&e, c), FS_LOC_DEVICE);
+    fs_res_get_stats(&e.res, &s);
+    assert_int_equal(s.device_blocks.made, 3);
+    assert_int_equal(s.device_blocks.released, 1);
+    assert_true(s.device_blocks.released_ns > 0);
+    assert_int_equal(s.evictions, 0);
+    assert_int_equal(fs_res_free(&e.res, b), FS_OK);
+    assert_int_equal(fs_res_free(&e.res, c), FS_OK);
+    env_close(&e);
+}
+
 static void test_eviction_preserves_data(void **state)
 {
     (void)state;
@@ -1341,6 +1372,7 @@ int main(void)
 {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_alloc_within_budget_stays_on_device),
+        cmocka_unit_test(test_pool_counts_blocks_made_and_given_back),
         cmocka_unit_test(test_eviction_preserves_data),
         cmocka_unit_test(test_launch_faults_in_and_kernel_sees_data),
         cmocka_unit_test(test_allocation_larger_than_budget_lives_on_host),
