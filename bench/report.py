@@ -82,6 +82,9 @@ def pct_key(p):
 
 # ---- the shim's log --------------------------------------------------------------------------
 SHIM_LINE, RES_RX, ALLOC_RX = shimlog.LINE, shimlog.RES, shimlog.ALLOC
+# the device pool's blocks made and given back for another size (driver work on the mover's path)
+BLOCKS_RX = re.compile(r"device blocks (\d+) made \(([\d.]+) ms\), (\d+) given back for another "
+                       r"size \(([\d.]+) ms\)")
 PLAN_COUNTERS = {
     "installed": r"plan: (\d+) installed",
     "followed": r"(\d+) launches followed",
@@ -155,6 +158,10 @@ def parse_shim_log(path, keep=40):
                            "fault_ins": int(g[5]), "faulted_bytes": int(g[6]),
                            "placed_on_host": int(g[7]), "host_served": int(g[8]),
                            "forced_syncs": int(g[9]), "failures": int(g[10])}
+        b = BLOCKS_RX.search(d["residency"])
+        if b:
+            out["counters"].update(blocks_made=int(b.group(1)), blocks_given_back=int(b.group(3)),
+                                   blocks_ms=round(float(b.group(2)) + float(b.group(4)), 1))
     exit_plan = [t for t in d["plan"] if re.match(r"plan: \d+ installed", t)]
     if exit_plan:
         pc = {}
@@ -425,6 +432,9 @@ def add_system_notes(row, d):
             bits.append(f"FAILURES {c['failures']}")
         if "device_peak" in c:
             bits.append(f"device peak {c['device_peak']}")
+        if c.get("blocks_made"):
+            bits.append(f"blocks made {c['blocks_made']}, given back {c['blocks_given_back']} "
+                        f"({c['blocks_ms']} ms)")
         if s.get("warnings"):
             bits.append(f"{s['warnings']} shim warnings")
         if s.get("error"):
@@ -870,7 +880,7 @@ SHIM_SAMPLE = """[flexshim 99] info: allocations: 0 managed (0 bytes), 0 passed 
 [flexshim 42] warn: something odd
 [flexshim 42] debug: plan: noise
 [flexshim 42] info: allocations: 300 managed (14483464192 bytes), 20 passed through (1000 bytes); 5 frees
-[flexshim 42] info: residency: budget 3.37 GiB, device peak 3.36 GiB, pinned host 10.1 GiB; 100 evictions (2000 bytes), 7 fault-ins (70 bytes), 0 placed on host, 0 host-served references, 0 forced synchronizes, 0 internal failures
+[flexshim 42] info: residency: budget 3.37 GiB, device peak 3.36 GiB, pinned host 10.1 GiB; 100 evictions (2000 bytes), 7 fault-ins (70 bytes), 0 placed on host, 0 host-served references, 0 forced synchronizes, 0 internal failures; device blocks 300 made (240.5 ms), 290 given back for another size (30.1 ms)
 [flexshim 42] info: launches: 5000 seen, 4000 referencing managed memory, 0 unknown (parameters unreadable), 30 layout queries
 [flexshim 42] info: plan: 1 installed; 4000 launches followed (3 of the plan's skipped, 4 extra), 1 departures, 10 launches run reactively, found 2 times; 500 prefetches (123456 bytes moved in) and 480 evictions queued; 12 late and 3 unplanned references; 34.5 ms waited for late prefetches; 88 references ordered after a prefetch's copy on their stream (90 prefetches mapped early); 0 evictions skipped (in use), 0 failed moves, 0 dropped, 0 give-ups
 """
@@ -911,6 +921,9 @@ def selftest():
         check("shim: main pid", sh.get("pid") == 42 and sh.get("processes") == 2, sh)
         check("shim: residency", sh.get("counters", {}).get("evictions") == 100
               and sh["counters"]["device_peak"] == "3.36 GiB", sh)
+        check("shim: device blocks", sh["counters"].get("blocks_made") == 300
+              and sh["counters"]["blocks_given_back"] == 290
+              and sh["counters"]["blocks_ms"] == 270.6, sh["counters"])
         check("shim: plan counters", sh.get("plan_counters", {}).get("late") == 12
               and sh["plan_counters"]["prefetches"] == 500
               and sh["plan_counters"]["prefetched_bytes"] == 123456
