@@ -208,6 +208,9 @@ def parse_simulate(text, budgets):
                                         "faults_per_iter", "ordered_per_iter",
                                         "hook_ms_per_iter"], cols[0::2]):
                         row[name] = float(c)
+                    b = re.search(r"([\d.]+) device blocks made", rest)
+                    if b:
+                        row["blocks_per_iter"] = float(b.group(1))
             continue
         nbytes = float(val) * UNITS[unit]
         row = {"budget_text": f"{val} {unit}", "budget_bytes": int(nbytes), "strategy": strategy}
@@ -314,7 +317,7 @@ def analyse(lines):
                         and sr.get("predicted_ms") is not None):
                     r.setdefault("predicted", []).append(
                         {k: sr.get(k) for k in ("strategy", "predicted_ms", "replay_ms",
-                                                "limit_ms")})
+                                                "limit_ms", "blocks_per_iter")})
     return {"rows": sort_rows(rows), "limits": sorted(limits.values(), key=limit_sort),
             "targets": targets(rows), "startup": startup(rows),
             "not_measured": [compact(d) for d in other], "records": [compact(d) for d in records],
@@ -574,9 +577,12 @@ def table_text(a):
                      if r["system"] not in SHIM_SYSTEMS else "-",
                      "; ".join(r["notes"] + ([r["limit_from"]] if r.get("limit_from") else []))])
         for p in r.get("predicted", []):
+            blocks = p.get("blocks_per_iter")
             body.append(["", "", "", "  simulate", fmt(p.get("predicted_ms")),
                          "", "", "", "", f"{p.get('strategy')}: timeline model; replay "
-                         f"{fmt(p.get('replay_ms'))} ms, its limit {fmt(p.get('limit_ms'))} ms"])
+                         f"{fmt(p.get('replay_ms'))} ms, its limit {fmt(p.get('limit_ms'))} ms"
+                         + (f"; {blocks:g} device blocks made per iteration"
+                            if blocks is not None else "")])
     out += columns(hdr, body)
     if a["not_measured"]:
         out.append("")
@@ -871,7 +877,7 @@ budget                 strategy             predicted ms   stall ms  offloaded M
 1.50 GiB               knapsack               infeasible          -              -          -          -          -
 
 replay, per timed iteration (warm-up left out): launches that waited for a late prefetch, references to allocations the plan had on host, fault-ins
-6906 MiB               adaptive(knapsack)       19.2 late      0.0 unplanned      0.5 fault-ins     92.0 ordered   12.500 ms in the hook
+6906 MiB               adaptive(knapsack)       19.2 late      0.0 unplanned      0.5 fault-ins     92.0 ordered   12.500 ms in the hook     88.5 device blocks made
 """
 
 SHIM_SAMPLE = """[flexshim 99] info: allocations: 0 managed (0 bytes), 0 passed through (0 bytes); 0 frees
@@ -904,7 +910,8 @@ def selftest():
     check("simulate rows", len(s["rows"]) == 3, s)
     check("simulate replay counters", s["rows"][0].get("late_per_iter") == 19.2 and
           s["rows"][0].get("faults_per_iter") == 0.5 and s["rows"][0].get("ordered_per_iter") == 92
-          and s["rows"][0].get("hook_ms_per_iter") == 12.5 and "late_per_iter" not in s["rows"][1],
+          and s["rows"][0].get("hook_ms_per_iter") == 12.5 and "late_per_iter" not in s["rows"][1]
+          and s["rows"][0].get("blocks_per_iter") == 88.5,
           s)
     check("simulate row 1", s["rows"][0]["budget_pct"] == 50 and s["rows"][0]["replay_ms"] == 16.825
           and s["rows"][0]["strategy"] == "adaptive(knapsack)", s["rows"][0])

@@ -418,6 +418,7 @@ int fs_replay(const struct fs_profile *p, const struct fs_replay_config *cfg,
         out->timed_unplanned = st.exec.unplanned - warm.exec.unplanned;
         out->timed_faults = st.res.faults - warm.res.faults;
         out->timed_ordered = st.res.ordered_waits - warm.res.ordered_waits;
+        out->timed_blocks = st.res.device_blocks.made - warm.res.device_blocks.made;
         out->timed_hook_us = (double)r.hook_ns / 1000;
         double *d = r.ends_us; /* differences in place, from the end: each needs its left */
         for (int it = cfg->iterations - 1; it >= WARMUP; it--)

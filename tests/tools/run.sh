@@ -129,12 +129,14 @@ awk '$1 == "128" && $3 == "knapsack" { exit !($NF > 7.855 * 1.5) } ' "$tmp/o" &&
 run "$tmp/o" "$tmp/e" simulate "$SMALL" --budget 128MiB --strategy knapsack --replay 6 --offload-mode host_read
 expect_rc "simulate --offload-mode host_read: exits 0" 0 $rc "$tmp/e"
 expect "simulate --offload-mode host_read: nothing late, nothing faulted in" "$tmp/o" '^128 MiB +knapsack +0\.0 late +0\.0 unplanned +0\.0 fault-ins +0\.0 ordered'
+expect "simulate --offload-mode host_read: nothing moves, no device block is made" "$tmp/o" '^128 MiB +knapsack .* ms in the hook +0\.0 device blocks made$'
 run "$tmp/o" "$tmp/e" simulate "$SMALL" --budget 128MiB --offload-mode host_read
 expect_rc "simulate --offload-mode host_read without --replay exits 2" 2 $rc "$tmp/e"
 expect "simulate --offload-mode host_read without --replay says why" "$tmp/e" 'host_read needs --replay N: the timeline model plans prefetches only'
 run "$tmp/o" "$tmp/e" simulate "$SMALL" --budget 128MiB --strategy knapsack --replay 6 --offload-mode redirect
 expect_rc "simulate --offload-mode redirect: exits 0" 0 $rc "$tmp/e"
 expect "simulate --offload-mode redirect: nothing unplanned, nothing faulted in" "$tmp/o" '^128 MiB +knapsack +[0-9.]+ late +0\.0 unplanned +0\.0 fault-ins'
+expect "simulate --offload-mode redirect: device blocks made counted" "$tmp/o" '^128 MiB +knapsack .* ms in the hook +[1-9][0-9]*\.[0-9] device blocks made$'
 run "$tmp/o" "$tmp/e" simulate "$SMALL" --budget 128MiB --replay 4 --offload-mode sideways
 expect_rc "simulate --offload-mode sideways exits 2" 2 $rc "$tmp/e"
 expect "simulate --offload-mode sideways names the modes" "$tmp/e" "--offload-mode 'sideways': unknown choice; use one of prefetch, host_read, redirect"

@@ -51,6 +51,7 @@ static void test_everything_resident_takes_the_compute_time(void **state)
     /* Nothing to wait for: no late launch, no time in the launch hook on the simulated clock. */
     assert_int_equal(r.timed, 4);
     assert_int_equal(r.timed_late, 0);
+    assert_int_equal(r.timed_blocks, 0); /* nothing moves: no device block is made */
     assert_int_equal(r.exec.late_wait_ns, 0);
     assert_true(r.timed_hook_us < 1.0);
     assert_int_equal(r.exec.plans, 1);
@@ -103,6 +104,8 @@ static void test_offloading_moves_every_iteration(void **state)
      * wall time). The thread may also wait while the device still computes: it can be more. */
     assert_int_equal(r.timed, ITERS - 2);
     assert_true(r.timed_late > 0);
+    /* Allocations of seven sizes share the room: the pool gives blocks back and makes others. */
+    assert_true(r.timed_blocks > 0 && r.timed_blocks < r.res.device_blocks.made);
     assert_true(r.exec.late_wait_ns > 0);
     double over = (r.step_us - compute_us(&p)) * r.timed;
     assert_true(r.timed_hook_us > 0.5 * over && r.timed_hook_us <= r.step_us * r.timed);
