@@ -13,8 +13,9 @@
 # nothing to move it stops watching launches), watch (FLEXTENSOR_PAUSE_TRACKING=0: it watches
 # every launch, the cost a plan that moves something pays on each), alt1, alt2, ... (the shim as
 # a user runs it, preloading the first, second, ... library of ALT_LIBS, space-separated paths,
-# instead of dist/'s: other builds, for an A/B between commits in one session). ITERS: decode
-# steps per run.
+# instead of dist/'s: other builds, for an A/B between commits in one session), shim:KEY=VALUE,...
+# (the shim with these settings, FLEXTENSOR_ prefix left out, e.g. shim:STRATEGY=greedy: an A/B
+# of settings; its files are named with _ for : = and ,). ITERS: decode steps per run.
 # CPUS: run every side under `taskset -c CPUS` (the step is host-bound: fewer migrations).
 # PROFILE: a decode profile of the same model (bench/run.sh leaves one in bench-logs.tar.gz).
 # FAKE=1: no GPU; bench.py makes numbers up and nothing is preloaded (tests this script).
@@ -53,6 +54,14 @@ export FLEXTENSOR_CONFIG='' PYTHONUNBUFFERED=1
 for side in "${sides[@]}"; do
     case $side in
     noshim | shim | watch) ;;
+    shim:*)
+        for kv in $(tr , ' ' <<<"${side#shim:}"); do
+            [[ $kv =~ ^[A-Z][A-Z0-9_]*=[^=]+$ ]] || {
+                echo "overhead.sh: side $side: '$kv' is not KEY=VALUE (a flexshim setting without" \
+                    "its FLEXTENSOR_ prefix, e.g. shim:STRATEGY=greedy)" >&2
+                exit 2
+            }
+        done ;;
     alt[1-9])
         lib=${alt_libs[${side#alt} - 1]:-}
         [ -n "$lib" ] && { [ "${FAKE:-0}" = 1 ] || [ -f "$lib" ]; } || {
@@ -60,13 +69,14 @@ for side in "${sides[@]}"; do
                 "libflexshim.so that exists (ALT_LIBS=${ALT_LIBS:-})" >&2
             exit 2
         } ;;
-    *) echo "overhead.sh: SIDES=${sides[*]}: unknown side $side (noshim, shim, watch, alt1-alt9)" >&2; exit 2 ;;
+    *) echo "overhead.sh: SIDES=${sides[*]}: unknown side $side (noshim, shim, shim:KEY=VALUE,..., watch, alt1-alt9)" >&2; exit 2 ;;
     esac
 done
 case " ${sides[*]} " in *" noshim "*) ;; *) echo "overhead.sh: SIDES must include noshim" >&2; exit 2 ;; esac
 
 for r in $(seq 1 "$ROUNDS"); do
     for side in "${sides[@]}"; do
+        base=$OUT/$(tr ':=,' '___' <<<"$side")-$r # the file names of this run
         if [ "$side" = noshim ]; then
             envs=(env) system=noshim pct=100
             echo "---- round $r/$ROUNDS: noshim"
@@ -74,28 +84,29 @@ for r in $(seq 1 "$ROUNDS"); do
             pause=1 LIB=$SHIM_LIB
             [ "$side" = watch ] && pause=0
             case $side in alt*) LIB=${alt_libs[${side#alt} - 1]} ;; esac
-            read -r -a envs <<<"$(shim_env "$mib" "$OUT/$side-$r.log" "$PROFILE")"
+            read -r -a envs <<<"$(shim_env "$mib" "$base.log" "$PROFILE")"
             envs+=(FLEXTENSOR_OFFLOAD_MODE="$MODE")
             # An older build may not know the setting (an unknown FLEXTENSOR_ name is an error).
             [ "${side#alt}" != "$side" ] || envs+=(FLEXTENSOR_PAUSE_TRACKING="$pause")
+            case $side in shim:*) for kv in $(tr , ' ' <<<"${side#shim:}"); do envs+=("FLEXTENSOR_$kv"); done ;; esac
             system=flexshim_$MODE pct=$PCT
             echo "---- round $r/$ROUNDS: $side ($MODE, ${PCT}% = ${mib} MiB, PAUSE_TRACKING=$pause, $LIB)"
         fi
         "${envs[@]}" "${PIN[@]}" "$PY" bench/bench.py --system "$system" --workload decode \
-            --model "$MODEL" --budget-pct "$pct" --iters "$ITERS" --result "$OUT/$side-$r.json" \
-            "${ARGS[@]}" >"$OUT/$side-$r.out" 2>&1 || tail -5 "$OUT/$side-$r.out"
+            --model "$MODEL" --budget-pct "$pct" --iters "$ITERS" --result "$base.json" \
+            "${ARGS[@]}" >"$base.out" 2>&1 || tail -5 "$base.out"
     done
 done
 
 "$PY" - "$OUT" "$ROUNDS" "${sides[@]}" <<'EOF'
-import json, os, statistics, sys
+import json, os, re, statistics, sys
 
 out, rounds, sides = sys.argv[1], int(sys.argv[2]), sys.argv[3:]
 med = {side: [] for side in sides}
 outputs = {}  # fingerprint of the output (decode: the tokens) -> runs that gave it
 for r in range(1, rounds + 1):
     for side in sides:
-        path = os.path.join(out, f"{side}-{r}.json")
+        path = os.path.join(out, re.sub("[:=,]", "_", side) + f"-{r}.json")
         try:
             result = json.load(open(path))
         except (OSError, ValueError):

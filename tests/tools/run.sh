@@ -316,6 +316,13 @@ expect "overhead.sh: compares the outputs" "$tmp/o" '^outputs identical in all 6
 FAKE=1 PROFILE="$tmp/prof.json" OUT="$tmp/ovh" ROUNDS=1 SIDES="noshim alt1" ALT_LIBS=/x.so bash bench/overhead.sh >"$tmp/o" 2>&1; rc=$?
 expect_rc "overhead.sh: another build as side alt1" 0 $rc "$tmp/o"
 expect "overhead.sh: alt1's ratio" "$tmp/o" '^alt1 [0-9.]+ ms \(median of 1 runs\): ratio [0-9.]+'
+FAKE=1 PROFILE="$tmp/prof.json" OUT="$tmp/ovh" ROUNDS=1 SIDES="noshim shim:STRATEGY=greedy,PLAN_HEADROOM=1GiB" bash bench/overhead.sh >"$tmp/o" 2>&1; rc=$?
+expect_rc "overhead.sh: a side with settings" 0 $rc "$tmp/o"
+expect "overhead.sh: the side with settings has its ratio" "$tmp/o" '^shim:STRATEGY=greedy,PLAN_HEADROOM=1GiB [0-9.]+ ms \(median of 1 runs\): ratio'
+[ -f "$tmp/ovh/shim_STRATEGY_greedy_PLAN_HEADROOM_1GiB-1.json" ] && ok "overhead.sh: the side's files are named with _" || fail "overhead.sh: the side's files are named with _" "$(ls "$tmp/ovh")"
+FAKE=1 PROFILE="$tmp/prof.json" OUT="$tmp/ovh" SIDES="noshim shim:strategy" bash bench/overhead.sh >"$tmp/o" 2>&1; rc=$?
+expect_rc "overhead.sh: a setting that is not KEY=VALUE exits 2" 2 $rc "$tmp/o"
+expect "overhead.sh: says what a setting must look like" "$tmp/o" "side shim:strategy: 'strategy' is not KEY=VALUE"
 FAKE=1 PROFILE="$tmp/prof.json" OUT="$tmp/ovh" SIDES="noshim alt1 alt2" ALT_LIBS=/x.so bash bench/overhead.sh >"$tmp/o" 2>&1; rc=$?
 expect_rc "overhead.sh: alt2 without a second library exits 2" 2 $rc "$tmp/o"
 expect "overhead.sh: says which word of ALT_LIBS is missing" "$tmp/o" 'side alt2 needs word 2 of ALT_LIBS to be a libflexshim.so that exists \(ALT_LIBS=/x.so\)'
