@@ -164,19 +164,30 @@ static int start_engine(struct replay *r, const struct fs_replay_config *cfg, ch
                         size_t errlen)
 {
     char budget[64], profile[300], strategy[64], mode[64];
+    char set[FS_REPLAY_SETTINGS][160], list[512];
     snprintf(budget, sizeof(budget), "FLEXTENSOR_GPU_MEMORY_LIMIT=%llu",
              (unsigned long long)cfg->budget);
     snprintf(profile, sizeof(profile), "FLEXTENSOR_PROFILE=%s", r->path);
     snprintf(strategy, sizeof(strategy), "FLEXTENSOR_STRATEGY=%s",
              cfg->strategy ? cfg->strategy : "adaptive");
-    char *envp[10] = {"FLEXTENSOR_CONFIG=", budget, profile, "FLEXTENSOR_MIN_OFFLOAD_BYTES=0",
-                      "FLEXTENSOR_REMAP_SAFETY=tracked", "FLEXTENSOR_LOG_LEVEL=error"};
+    char *envp[10 + FS_REPLAY_SETTINGS] = {"FLEXTENSOR_CONFIG=", budget, profile,
+                                           "FLEXTENSOR_MIN_OFFLOAD_BYTES=0",
+                                           "FLEXTENSOR_REMAP_SAFETY=tracked",
+                                           "FLEXTENSOR_LOG_LEVEL=error"};
     int n = 6;
     if (cfg->strategy)
         envp[n++] = strategy;
     if (cfg->offload_mode) {
         snprintf(mode, sizeof(mode), "FLEXTENSOR_OFFLOAD_MODE=%s", cfg->offload_mode);
         envp[n++] = mode;
+    }
+    snprintf(list, sizeof(list), "%s", cfg->settings ? cfg->settings : "");
+    char *save = NULL;
+    int k = 0;
+    for (char *kv = strtok_r(list, ",", &save); kv && k < FS_REPLAY_SETTINGS;
+         kv = strtok_r(NULL, ",", &save), k++) {
+        snprintf(set[k], sizeof(set[k]), "FLEXTENSOR_%s", kv);
+        envp[n++] = set[k];
     }
     envp[n] = NULL;
     fs_engine_teardown();

@@ -35,6 +35,9 @@ struct fs_replay_config {
     const char *strategy; /* NULL: the profile's plan if made for BUDGET, else adaptive */
     int iterations;       /* run; the first two are warm-up */
     const char *offload_mode; /* OFFLOAD_MODE's value (a valid one); NULL: the default */
+    /* more settings, "KEY=VALUE,..." (names without the FLEXTENSOR_ prefix, at most
+     * FS_REPLAY_SETTINGS; the engine refuses bad ones); NULL: none */
+    const char *settings;
     /* Optional: the last iteration as it ran on the simulated device, one event per kernel
      * (compute), copy in (H2D) and out (D2H) of an allocation, and stretch the program's thread
      * spent in the launch hook (wait), in microseconds from that iteration's start. Called from
@@ -42,6 +45,8 @@ struct fs_replay_config {
     fs_tl_sink trace;
     void *trace_arg;
 };
+
+#define FS_REPLAY_SETTINGS 8
 
 struct fs_replay_result {
     double step_us;  /* median iteration time after the warm-up */

@@ -157,7 +157,7 @@ static int usage_error(const char *cmd, const char *fmt, ...)
 }
 
 /* The command line of a profile command: one FILE and the options the command accepts. */
-enum { OPT_BUDGET = 1, OPT_STRATEGY = 2, OPT_OUT = 4, OPT_REPLAY = 8, OPT_OFFLOAD = 16 };
+enum { OPT_BUDGET = 1, OPT_STRATEGY = 2, OPT_OUT = 4, OPT_REPLAY = 8, OPT_OFFLOAD = 16, OPT_SET = 32 };
 
 struct args {
     const char *file;
@@ -166,6 +166,7 @@ struct args {
     const char *out;
     const char *replay;
     const char *offload;
+    const char *set;
 };
 
 struct opt_def {
@@ -179,6 +180,7 @@ static const struct opt_def opt_defs[] = {
     {OPT_OUT, "--output", "-o", "a file name"},
     {OPT_REPLAY, "--replay", NULL, "a number of iterations, 3 to 1000"},
     {OPT_OFFLOAD, "--offload-mode", NULL, "prefetch, host_read or redirect"},
+    {OPT_SET, "--set", NULL, "KEY=VALUE[,KEY=VALUE...], flexshim settings"},
 };
 
 static void accepted_options(unsigned allowed, char *buf, size_t len)
@@ -244,6 +246,7 @@ static int parse_args(const struct command *c, int argc, char **argv, unsigned a
                             : d->bit == OPT_STRATEGY ? &a->strategy
                             : d->bit == OPT_REPLAY   ? &a->replay
                             : d->bit == OPT_OFFLOAD  ? &a->offload
+                            : d->bit == OPT_SET      ? &a->set
                                                      : &a->out;
         if (*slot)
             return usage_error(c->name, "option %s is given twice", d->lng);
@@ -825,7 +828,8 @@ static int show_run(int argc, char **argv)
 static void simulate_help(FILE *out)
 {
     fputs("usage: flexshim-profile simulate FILE --budget SIZE[,SIZE...] [--strategy NAME|all]\n"
-          "                         [--replay N [--offload-mode prefetch|host_read|redirect]]\n"
+          "                         [--replay N [--offload-mode prefetch|host_read|redirect]\n"
+          "                         [--set KEY=VALUE[,KEY=VALUE...]]]\n"
           "\n"
           "Plans the profile FILE for each budget with each strategy and evaluates every plan with\n"
           "the timeline model the strategies share. This is an analytic model of the planned\n"
@@ -850,6 +854,9 @@ static void simulate_help(FILE *out)
           "                           kernels at about 36 GB/s, as measured on the H200) or\n"
           "                           redirect (device copies, no remaps); the timeline model's\n"
           "                           columns stay those of the prefetch plan\n"
+          "  --set KEY=VALUE,...      other settings of the replayed engine, by name without the\n"
+          "                           FLEXTENSOR_ prefix (e.g. STAGE_ARENA=1; see\n"
+          "                           'flexshim-profile config --dump')\n"
           "\n"
           "One row per budget and strategy:\n"
           "  predicted ms   the step time of one iteration under the plan\n"
@@ -901,6 +908,34 @@ static int pick_strategies(const char *cmd, const char *name, bool allow_all,
     return -1;
 }
 
+/* --set KEY=VALUE,...: each a flexshim setting with a valid value, at most FS_REPLAY_SETTINGS;
+ * -1, or the exit code after a message. */
+static int check_settings(const char *cmd, const char *text)
+{
+    char buf[512];
+    if (snprintf(buf, sizeof(buf), "%s", text) >= (int)sizeof(buf))
+        return usage_error(cmd, "--set: too long (at most %zu characters)", sizeof(buf) - 1);
+    int n = 0;
+    char *save = NULL;
+    for (char *kv = strtok_r(buf, ",", &save); kv; kv = strtok_r(NULL, ",", &save), n++) {
+        char *eq = strchr(kv, '=');
+        if (!eq || eq == kv)
+            return usage_error(cmd, "--set '%s' is not KEY=VALUE (e.g. STAGE_ARENA=1)", kv);
+        *eq = '\0';
+        int id = fs_param_find(kv);
+        if (id < 0)
+            return usage_error(cmd, "--set: %s is not a flexshim setting; run 'flexshim-profile "
+                                    "config --dump' for the list", kv);
+        struct fs_value v;
+        char why[256];
+        if (fs_config_parse((enum fs_param_id)id, eq + 1, &v, why, sizeof(why)) != FS_OK)
+            return usage_error(cmd, "--set %s=%s: %s", kv, eq + 1, why);
+    }
+    if (n > FS_REPLAY_SETTINGS)
+        return usage_error(cmd, "--set: at most %d settings", FS_REPLAY_SETTINGS);
+    return -1;
+}
+
 /* --replay N: *OUT = N (3 to 1000); -1, or the exit code after a message. */
 static int parse_replay(const char *cmd, const char *text, int *out)
 {
@@ -918,10 +953,10 @@ static int parse_replay(const char *cmd, const char *text, int *out)
  * (0: failed, said why on stderr) and what its launches waited for. */
 static void replay_row(const char *cmd, const struct fs_profile *p, uint64_t bytes,
                        const char *strategy, int iterations, const char *offload_mode,
-                       struct sim_row *r)
+                       const char *settings, struct sim_row *r)
 {
     struct fs_replay_config rc = {.budget = bytes, .strategy = strategy, .iterations = iterations,
-                                  .offload_mode = offload_mode};
+                                  .offload_mode = offload_mode, .settings = settings};
     struct fs_replay_result res;
     char err[512] = "";
     r->replay_us = 0;
@@ -942,7 +977,8 @@ static int simulate_run(int argc, char **argv)
 {
     const struct command *c = command_named("simulate");
     struct args a;
-    int rc = parse_args(c, argc, argv, OPT_BUDGET | OPT_STRATEGY | OPT_REPLAY | OPT_OFFLOAD, &a);
+    int rc = parse_args(c, argc, argv,
+                        OPT_BUDGET | OPT_STRATEGY | OPT_REPLAY | OPT_OFFLOAD | OPT_SET, &a);
     if (rc >= 0)
         return rc;
     if (!a.budget)
@@ -959,6 +995,11 @@ static int simulate_run(int argc, char **argv)
         return usage_error(c->name, "--offload-mode %s needs --replay N: the timeline model "
                                     "plans prefetches only, the replay runs the other modes",
                            a.offload);
+    if (a.set && !a.replay)
+        return usage_error(c->name, "--set needs --replay N: the settings are the replayed "
+                                    "engine's");
+    if (a.set && (rc = check_settings(c->name, a.set)) >= 0)
+        return rc;
     const struct fs_strategy *strat[FS_MAX_STRATEGIES + 1];
     if ((rc = pick_strategies(c->name, a.strategy, true, strat)) >= 0)
         return rc;
@@ -1009,7 +1050,8 @@ static int simulate_run(int argc, char **argv)
                 r->limit_us = limit_us(&p, r->moved);
                 fs_plan_free(&plan);
                 if (replay_iters)
-                    replay_row(c->name, &p, bytes, strat[s]->name, replay_iters, a.offload, r);
+                    replay_row(c->name, &p, bytes, strat[s]->name, replay_iters, a.offload,
+                               a.set, r);
             } else if (r->rc != FS_ERR_NOMEM) {
                 error(c->name, "profile %s: strategy %s failed at budget %s (%s)", a.file,
                       strat[s]->name, r->budget, fs_err_str(r->rc));

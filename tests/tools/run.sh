@@ -137,6 +137,26 @@ run "$tmp/o" "$tmp/e" simulate "$SMALL" --budget 128MiB --strategy knapsack --re
 expect_rc "simulate --offload-mode redirect: exits 0" 0 $rc "$tmp/e"
 expect "simulate --offload-mode redirect: nothing unplanned, nothing faulted in" "$tmp/o" '^128 MiB +knapsack +[0-9.]+ late +0\.0 unplanned +0\.0 fault-ins'
 expect "simulate --offload-mode redirect: device blocks made counted" "$tmp/o" '^128 MiB +knapsack .* ms in the hook +[1-9][0-9]*\.[0-9] device blocks made$'
+# --set reaches the replayed engine: with late prefetches read in place no launch waits in the
+# hook, where the same replay without it waits some milliseconds.
+hook_ms() { grep -oE '[0-9.]+ ms in the hook' "$1" | awk '{print $1}'; }
+cp "$tmp/o" "$tmp/o.wait"
+run "$tmp/o" "$tmp/e" simulate "$SMALL" --budget 128MiB --strategy knapsack --replay 6 --offload-mode redirect --set LATE_PREFETCH=read_in_place
+expect_rc "simulate --set: exits 0" 0 $rc "$tmp/e"
+if [ "$(hook_ms "$tmp/o")" = 0.000 ] && awk -v w="$(hook_ms "$tmp/o.wait")" 'BEGIN { exit !(w > 0.5) }'; then
+    ok "simulate --set LATE_PREFETCH=read_in_place: no wait in the hook (without it: $(hook_ms "$tmp/o.wait") ms)"
+else
+    fail "simulate --set LATE_PREFETCH=read_in_place: no wait in the hook" "$(cat "$tmp/o.wait" "$tmp/o")"
+fi
+run "$tmp/o" "$tmp/e" simulate "$SMALL" --budget 128MiB --replay 4 --set LATE_PREFETCH=soon
+expect_rc "simulate --set with a bad value exits 2" 2 $rc "$tmp/e"
+expect "simulate --set names the setting and the choices" "$tmp/e" "--set LATE_PREFETCH=soon: unknown choice; use one of wait, read_in_place"
+run "$tmp/o" "$tmp/e" simulate "$SMALL" --budget 128MiB --replay 4 --set NO_SUCH=1
+expect_rc "simulate --set with an unknown setting exits 2" 2 $rc "$tmp/e"
+expect "simulate --set names the unknown setting" "$tmp/e" "--set: NO_SUCH is not a flexshim setting"
+run "$tmp/o" "$tmp/e" simulate "$SMALL" --budget 128MiB --set PLAN_HEADROOM=1MiB
+expect_rc "simulate --set without --replay exits 2" 2 $rc "$tmp/e"
+expect "simulate --set without --replay says why" "$tmp/e" "--set needs --replay N"
 run "$tmp/o" "$tmp/e" simulate "$SMALL" --budget 128MiB --replay 4 --offload-mode sideways
 expect_rc "simulate --offload-mode sideways exits 2" 2 $rc "$tmp/e"
 expect "simulate --offload-mode sideways names the modes" "$tmp/e" "--offload-mode 'sideways': unknown choice; use one of prefetch, host_read, redirect"
