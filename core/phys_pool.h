@@ -34,7 +34,7 @@ struct fs_phys_pool {
     uint64_t free_bytes; /* cached */
     uint64_t held_peak;
     uint64_t blocks_created, blocks_released;
-    uint64_t create_ns, release_ns; /* host time in the driver for them (trimmed ones only) */
+    uint64_t create_ns, release_ns; /* host time in the driver: making them, trimming them */
 };
 
 int fs_phys_pool_init(struct fs_phys_pool *pool, struct fs_device *dev, enum fs_mem_loc loc);

@@ -157,7 +157,14 @@ static int usage_error(const char *cmd, const char *fmt, ...)
 }
 
 /* The command line of a profile command: one FILE and the options the command accepts. */
-enum { OPT_BUDGET = 1, OPT_STRATEGY = 2, OPT_OUT = 4, OPT_REPLAY = 8, OPT_OFFLOAD = 16, OPT_SET = 32 };
+enum {
+    OPT_BUDGET = 1,
+    OPT_STRATEGY = 2,
+    OPT_OUT = 4,
+    OPT_REPLAY = 8,
+    OPT_OFFLOAD = 16,
+    OPT_SET = 32,
+};
 
 struct args {
     const char *file;
