@@ -100,6 +100,7 @@ PLAN_COUNTERS = {
     "early_maps": r"(\d+) prefetches mapped early",
     "failed_moves": r"(\d+) failed moves",
     "give_ups": r"(\d+) give-ups",
+    "evictions_passed": r"(\d+) evictions begun ahead of a prefetch",
 }
 
 

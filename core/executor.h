@@ -73,6 +73,7 @@ struct fs_exec_stats {
     uint64_t dropped;          /* moves not queued: queue full */
     uint64_t overlapped;       /* moves run asynchronously (the others: one at a time) */
     uint64_t max_inflight;     /* most moves in flight at once */
+    uint64_t passed;           /* evictions begun ahead of a prefetch held back for room */
     uint64_t give_ups;
 };
 
@@ -150,6 +151,9 @@ struct fs_executor {
     int inflight;            /* busy slots (mover thread only) */
     struct fs_exec_job held; /* a job taken off the queue that waits for moves in flight */
     bool has_held;
+    bool passing;            /* the job being begun is an eviction passing the held one */
+    uint64_t pass_at;        /* COMPLETIONS when a passing eviction last had to wait: none
+                              * passes again before a move ends */
     uint64_t held_ns;        /* when it was held (run trace) */
     /* released evictions, oldest first; only FIN_EVICT takes from or adds to it */
     struct fs_exec_released released[FS_EXEC_RELEASED_MAX];

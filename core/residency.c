@@ -1127,6 +1127,8 @@ int fs_res_move_begin(struct fs_residency *res, uint64_t id, bool evict, struct 
     } else if (a->frozen) {
         rc = evict ? FS_ERR_NOT_READY /* as if a launch held it, for good */
                    : FS_ERR_NOMEM;    /* a prefetch: no room, for good */
+    } else if (evict && m->only_if_quiet && !quiet_now(res, a)) {
+        rc = FS_ERR_NOT_READY;
     }
     if (rc != FS_OK)
         goto out;

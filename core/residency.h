@@ -257,6 +257,9 @@ struct fs_res_move {
      * the pool, before the slower mapping of host memory that ends the move */
     void (*on_room)(void *arg);
     void *on_room_arg;
+    /* the caller's: an eviction begins only if every use of the allocation has finished (else
+     * FS_ERR_NOT_READY), so that its copy waits for nothing on the device-to-host stream */
+    bool only_if_quiet;
     /* set by begin */
     struct fs_alloc *a;
     bool evict;

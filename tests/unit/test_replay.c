@@ -106,6 +106,9 @@ static void test_offloading_moves_every_iteration(void **state)
     assert_true(r.timed_late > 0);
     /* Allocations of seven sizes share the room: the pool gives blocks back and makes others. */
     assert_true(r.timed_blocks > 0 && r.timed_blocks < r.res.device_blocks.made);
+    /* Prefetches wait for room here, and evictions queued behind them begin first (4-13 in
+     * every run seen, ASan and valgrind included). */
+    assert_true(r.exec.passed > 0);
     assert_true(r.exec.late_wait_ns > 0);
     double over = (r.step_us - compute_us(&p)) * r.timed;
     assert_true(r.timed_hook_us > 0.5 * over && r.timed_hook_us <= r.step_us * r.timed);
