@@ -1127,8 +1127,6 @@ int fs_res_move_begin(struct fs_residency *res, uint64_t id, bool evict, struct 
     } else if (a->frozen) {
         rc = evict ? FS_ERR_NOT_READY /* as if a launch held it, for good */
                    : FS_ERR_NOMEM;    /* a prefetch: no room, for good */
-    } else if (evict && m->only_if_quiet && !quiet_now(res, a)) {
-        rc = FS_ERR_NOT_READY;
     }
     if (rc != FS_OK)
         goto out;
@@ -1166,6 +1164,11 @@ int fs_res_move_begin(struct fs_residency *res, uint64_t id, bool evict, struct 
     rc = begin_move(a);
     if (rc != FS_OK)
         goto undo_block;
+    if (evict && m->only_if_quiet && !quiet_now(res, a)) { /* asked once A is held */
+        end_move(res, a, move_origin(m));
+        rc = FS_ERR_NOT_READY;
+        goto undo_block;
+    }
     /* No launch holds A now: new ones wait for the move (an eviction's, then read the host
      * copy) or, once a stage-in publishes its block, are redirected to it. */
     fs_dptr stage_va = LOAD(&a->stage_va);
