@@ -80,8 +80,9 @@ static struct fs_exec_job take_at(struct fs_executor *x, int i)
     return job;
 }
 
-/* The next job (lock held): the one held back first, then the queue's head, leaving out the
- * prefetches a launch dropped. */
+/* The next job (lock held): an eviction passing the prefetch held back while no move has ended,
+ * then that prefetch once one has, else the queue's head, leaving out the prefetches a launch
+ * dropped. */
 static bool next_job(struct fs_executor *x, struct fs_exec_job *job)
 {
     x->passing = false;
@@ -94,6 +95,8 @@ static bool next_job(struct fs_executor *x, struct fs_exec_job *job)
         }
     }
     if (x->has_held) {
+        if (x->completions == x->held_at)
+            return false; /* retried once a move has ended */
         *job = x->held;
         x->has_held = false;
         fs_rt_span(FS_RT_HELD, job->id, 0, x->held_ns, fs_now_ns());
@@ -158,7 +161,7 @@ static void start_jobs(struct fs_executor *x)
             if (!x->slots[i].busy)
                 slot = &x->slots[i];
         uint64_t gen = x->q_gen;
-        if (slot) /* one passing the held prefetch must not wait on the device-to-host stream */
+        if (slot) /* one passing the held prefetch must not wait there for its last use */
             slot->m.only_if_quiet = x->passing;
         pthread_mutex_unlock(&x->lock);
         uint64_t t0 = fs_now_ns();
@@ -168,14 +171,18 @@ static void start_jobs(struct fs_executor *x)
         fs_rt_span(job.evict ? FS_RT_BEGIN_EVICT : FS_RT_BEGIN_PREFETCH, job.id, 0, t0,
                    fs_now_ns());
         pthread_mutex_lock(&x->lock);
-        if (rc == FS_ERR_NOT_READY && x->inflight > 0 && x->passing) {
-            /* The eviction that was to pass the held prefetch must wait too: back in front, and
-             * none passes before a move ends (one passes only while the moves the prefetch
-             * waits for are in flight). */
-            if (x->q_gen == gen && x->q_len < x->q_cap) {
+        if (x->passing && rc == FS_ERR_NOT_READY) {
+            /* The eviction that was to pass the held prefetch waits in its place: back in front,
+             * and none passes before a move ends. If the last move in flight ended meanwhile,
+             * the held prefetch is retried next. */
+            if (x->q_gen != gen) {
+                /* its plan was dropped meanwhile */
+            } else if (x->q_len < x->q_cap) {
                 x->q_head = (x->q_head + x->q_cap - 1) % x->q_cap;
                 x->q[x->q_head] = job;
                 x->q_len++;
+            } else {
+                x->stats.dropped++;
             }
             x->pass_at = x->completions;
             return;
@@ -216,7 +223,8 @@ static void start_jobs(struct fs_executor *x)
     }
 }
 
-/* Can the mover start something now (lock held)? A held job waits for a move to end. */
+/* Can the mover start something now (lock held)? A held job waits for a move to end; evictions
+ * may pass it meanwhile. */
 static bool can_start(const struct fs_executor *x)
 {
     if (x->nslots > 0 && x->inflight >= x->nslots)
@@ -475,6 +483,7 @@ int fs_exec_init(struct fs_executor *x, struct fs_residency *res)
 {
     memset(x, 0, sizeof(*x));
     x->res = res;
+    x->pass_at = UINT64_MAX; /* no pass has waited yet */
     slots_init(x);
     pthread_mutex_init(&x->lock, NULL);
     pthread_cond_init(&x->wake, NULL);

@@ -13,8 +13,8 @@
  * order, up to FS_EXEC_MOVES_INFLIGHT at once (residency.h's asynchronous moves: write-backs,
  * prefetches and remaps overlap; an eviction's copy waits on the device for the allocation's last
  * use, as residency.h requires; a prefetch that needs the room of evictions in flight waits for
- * them), so
- * the program's thread never copies or remaps for a plan: when a launch finds a planned
+ * them, and meanwhile evictions queued behind it whose allocation is quiet begin first), so the
+ * program's thread never copies or remaps for a plan: when a launch finds a planned
  * allocation whose prefetch has not begun and been mapped yet it waits for that (counted as
  * late; the launch's own fault-in brings it only if that prefetch failed); once it is mapped the
  * launch waits for the copy on its stream (residency.h, "arriving"). The thread usually runs

@@ -685,6 +685,37 @@ static void room_probe(void *arg)
     p->prefetch_rc = fs_res_move_begin(&p->e->res, p->wanted->id, false, p->prefetch);
 }
 
+/* ONLY_IF_QUIET (an eviction passing a prefetch held for room): while a launch that used the
+ * allocation may still run, the eviction does not begin and leaves everything as it was; once
+ * the launch is done it begins, and the kernel's result is what goes to host. */
+static void test_eviction_only_if_quiet(void **state)
+{
+    (void)state;
+    struct env e;
+    env_open(&e, 64 * MIB, false);
+    fs_dptr w[3];
+    uint64_t sz = 32 * MIB;
+    alloc_filled(&e, w, 3, sz); /* one went to host: launches now record their last use */
+    fs_dptr v = w[2];
+    struct fs_alloc *A = fs_res_lookup(&e.res, v);
+    assert_int_equal(A->state, FS_RES_DEVICE);
+    struct kctx k = {.words = (uint32_t)(sz / 4)};
+    launch(&e, &v, &sz, 1, 5000000, add_one, &k); /* 5 ms of simulated time, not waited for */
+    struct fs_res_move m = {0};
+    move_init(&e, &m);
+    m.only_if_quiet = true;
+    assert_int_equal(fs_res_move_begin(&e.res, A->id, true, &m), FS_ERR_NOT_READY);
+    assert_int_equal(A->state, FS_RES_DEVICE);
+    assert_int_equal(where(&e, v), FS_LOC_DEVICE);
+    assert_int_equal(fs_dev_call(e.dev, ctx_sync), FS_OK);
+    assert_int_equal(fs_res_move_begin(&e.res, A->id, true, &m), FS_OK);
+    assert_int_equal(fs_res_move_end(&e.res, &m, true), FS_OK);
+    assert_int_equal(A->state, FS_RES_HOST);
+    check(&e, v, sz, 2, 1);
+    move_fini(&e, &m);
+    env_close(&e);
+}
+
 static void test_eviction_gives_room_before_mapping_host(void **state)
 {
     (void)state;
@@ -1389,6 +1420,7 @@ int main(void)
         cmocka_unit_test(test_prepin_fills_the_host_pool_ahead),
         cmocka_unit_test(test_launch_waits_for_moves_begun_while_it_waited),
         cmocka_unit_test(test_eviction_gives_room_before_mapping_host),
+        cmocka_unit_test(test_eviction_only_if_quiet),
         cmocka_unit_test(test_prefetch_maps_early_and_launch_waits_on_its_stream),
         cmocka_unit_test(test_eviction_host_map_failure_keeps_data),
         cmocka_unit_test(test_plan_kept_allocations_are_evicted_last),
