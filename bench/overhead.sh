@@ -36,39 +36,48 @@ PIN=()
 [ -n "${CPUS:-}" ] && PIN=(taskset -c "$CPUS")
 PY=${PY:-python3}
 SHIM_LIB=$PWD/dist/lib/libflexshim.so
-LIB=$SHIM_LIB
 [ -f "$PROFILE" ] || { echo "overhead.sh: PROFILE=$PROFILE: no such file" >&2; exit 2; }
 # shellcheck source=bench/shim_env.sh
 . bench/shim_env.sh
 ARGS=()
 if [ "${FAKE:-0}" = 1 ]; then
     ARGS=(--fake)
-elif [ ! -f "$LIB" ]; then
-    echo "overhead.sh: $LIB missing: run make dist" >&2
+elif [ ! -f "$SHIM_LIB" ]; then
+    echo "overhead.sh: $SHIM_LIB missing: run make dist" >&2
     exit 2
 fi
 mkdir -p "$OUT"
 mib=$("$PY" bench/bench.py --model "$MODEL" --print-budgets "$PCT" | awk '{print $3}')
 export FLEXTENSOR_CONFIG='' PYTHONUNBUFFERED=1
 
+# Each side, checked once: the library it preloads, the settings it adds, the name of its files.
+declare -A side_lib side_env side_file
 for side in "${sides[@]}"; do
+    side_lib[$side]=$SHIM_LIB
+    side_file[$side]=$(tr ':=,' '___' <<<"$side")
     case $side in
-    noshim | shim | watch) ;;
+    noshim) ;;
+    shim) side_env[$side]=FLEXTENSOR_PAUSE_TRACKING=1 ;;
+    watch) side_env[$side]=FLEXTENSOR_PAUSE_TRACKING=0 ;;
     shim:*)
+        side_env[$side]=FLEXTENSOR_PAUSE_TRACKING=1
         for kv in $(tr , ' ' <<<"${side#shim:}"); do
             [[ $kv =~ ^[A-Z][A-Z0-9_]*=[^=]+$ ]] || {
                 echo "overhead.sh: side $side: '$kv' is not KEY=VALUE (a flexshim setting without" \
                     "its FLEXTENSOR_ prefix, e.g. shim:STRATEGY=greedy)" >&2
                 exit 2
             }
+            side_env[$side]+=" FLEXTENSOR_$kv"
         done ;;
     alt[1-9])
+        # No PAUSE_TRACKING: an older build may not know it (an unknown FLEXTENSOR_ name is an error).
         lib=${alt_libs[${side#alt} - 1]:-}
         [ -n "$lib" ] && { [ "${FAKE:-0}" = 1 ] || [ -f "$lib" ]; } || {
             echo "overhead.sh: side $side needs word ${side#alt} of ALT_LIBS to be a" \
                 "libflexshim.so that exists (ALT_LIBS=${ALT_LIBS:-})" >&2
             exit 2
-        } ;;
+        }
+        side_lib[$side]=$lib ;;
     *) echo "overhead.sh: SIDES=${sides[*]}: unknown side $side (noshim, shim, shim:KEY=VALUE,..., watch, alt1-alt9)" >&2; exit 2 ;;
     esac
 done
@@ -76,21 +85,16 @@ case " ${sides[*]} " in *" noshim "*) ;; *) echo "overhead.sh: SIDES must includ
 
 for r in $(seq 1 "$ROUNDS"); do
     for side in "${sides[@]}"; do
-        base=$OUT/$(tr ':=,' '___' <<<"$side")-$r # the file names of this run
+        base=$OUT/${side_file[$side]}-$r
         if [ "$side" = noshim ]; then
             envs=(env) system=noshim pct=100
             echo "---- round $r/$ROUNDS: noshim"
         else
-            pause=1 LIB=$SHIM_LIB
-            [ "$side" = watch ] && pause=0
-            case $side in alt*) LIB=${alt_libs[${side#alt} - 1]} ;; esac
-            read -r -a envs <<<"$(shim_env "$mib" "$base.log" "$PROFILE")"
-            envs+=(FLEXTENSOR_OFFLOAD_MODE="$MODE")
-            # An older build may not know the setting (an unknown FLEXTENSOR_ name is an error).
-            [ "${side#alt}" != "$side" ] || envs+=(FLEXTENSOR_PAUSE_TRACKING="$pause")
-            case $side in shim:*) for kv in $(tr , ' ' <<<"${side#shim:}"); do envs+=("FLEXTENSOR_$kv"); done ;; esac
+            LIB=${side_lib[$side]}
+            read -r -a envs <<<"$(shim_env "$mib" "$base.log" "$PROFILE") \
+                FLEXTENSOR_OFFLOAD_MODE=$MODE ${side_env[$side]:-}" # the side's settings last
             system=flexshim_$MODE pct=$PCT
-            echo "---- round $r/$ROUNDS: $side ($MODE, ${PCT}% = ${mib} MiB, PAUSE_TRACKING=$pause, $LIB)"
+            echo "---- round $r/$ROUNDS: $side ($MODE, ${PCT}% = ${mib} MiB, $LIB, ${side_env[$side]:-})"
         fi
         "${envs[@]}" "${PIN[@]}" "$PY" bench/bench.py --system "$system" --workload decode \
             --model "$MODEL" --budget-pct "$pct" --iters "$ITERS" --result "$base.json" \
@@ -98,15 +102,19 @@ for r in $(seq 1 "$ROUNDS"); do
     done
 done
 
-"$PY" - "$OUT" "$ROUNDS" "${sides[@]}" <<'EOF'
-import json, os, re, statistics, sys
+# The summary: each side's name and the name of its files.
+pairs=()
+for side in "${sides[@]}"; do pairs+=("$side" "${side_file[$side]}"); done
+"$PY" - "$OUT" "$ROUNDS" "${pairs[@]}" <<'EOF'
+import json, os, statistics, sys
 
-out, rounds, sides = sys.argv[1], int(sys.argv[2]), sys.argv[3:]
+out, rounds = sys.argv[1], int(sys.argv[2])
+sides, files = sys.argv[3::2], dict(zip(sys.argv[3::2], sys.argv[4::2]))
 med = {side: [] for side in sides}
 outputs = {}  # fingerprint of the output (decode: the tokens) -> runs that gave it
 for r in range(1, rounds + 1):
     for side in sides:
-        path = os.path.join(out, re.sub("[:=,]", "_", side) + f"-{r}.json")
+        path = os.path.join(out, f"{files[side]}-{r}.json")
         try:
             result = json.load(open(path))
         except (OSError, ValueError):

@@ -80,23 +80,21 @@ static struct fs_exec_job take_at(struct fs_executor *x, int i)
     return job;
 }
 
-/* The next job (lock held): an eviction passing the prefetch held back while no move has ended,
- * then that prefetch once one has, else the queue's head, leaving out the prefetches a launch
- * dropped. */
-static bool next_job(struct fs_executor *x, struct fs_exec_job *job)
+/* The next job (lock held): while the prefetch held back waits for a move to end, an eviction
+ * passing it (*PASSING), then that prefetch; else the queue's head, leaving out the prefetches a
+ * launch dropped. */
+static bool next_job(struct fs_executor *x, struct fs_exec_job *job, bool *passing)
 {
-    x->passing = false;
-    if (x->has_held && x->completions == x->held_at) {
-        int i = passing_eviction(x);
-        if (i >= 0) {
+    *passing = false;
+    if (x->has_held) {
+        if (x->completions == x->held_at) {
+            int i = passing_eviction(x);
+            if (i < 0)
+                return false;
             *job = take_at(x, i);
-            x->passing = true;
+            *passing = true;
             return true;
         }
-    }
-    if (x->has_held) {
-        if (x->completions == x->held_at)
-            return false; /* retried once a move has ended */
         *job = x->held;
         x->has_held = false;
         fs_rt_span(FS_RT_HELD, job->id, 0, x->held_ns, fs_now_ns());
@@ -155,14 +153,16 @@ static void push_slot(struct fs_exec_finisher *f, int i)
 static void start_jobs(struct fs_executor *x)
 {
     struct fs_exec_job job;
-    while (!x->stop && (x->nslots == 0 || x->inflight < x->nslots) && next_job(x, &job)) {
+    bool passing;
+    while (!x->stop && (x->nslots == 0 || x->inflight < x->nslots) &&
+           next_job(x, &job, &passing)) {
         struct fs_exec_slot *slot = NULL;
         for (int i = 0; i < x->nslots && !slot; i++)
             if (!x->slots[i].busy)
                 slot = &x->slots[i];
         uint64_t gen = x->q_gen;
         if (slot) /* one passing the held prefetch must not wait there for its last use */
-            slot->m.only_if_quiet = x->passing;
+            slot->m.only_if_quiet = passing;
         pthread_mutex_unlock(&x->lock);
         uint64_t t0 = fs_now_ns();
         int rc = capture_in_progress(x) ? FS_ERR_NOT_READY
@@ -171,18 +171,16 @@ static void start_jobs(struct fs_executor *x)
         fs_rt_span(job.evict ? FS_RT_BEGIN_EVICT : FS_RT_BEGIN_PREFETCH, job.id, 0, t0,
                    fs_now_ns());
         pthread_mutex_lock(&x->lock);
-        if (x->passing && rc == FS_ERR_NOT_READY) {
-            /* The eviction that was to pass the held prefetch waits in its place: back in front,
-             * and none passes before a move ends. If the last move in flight ended meanwhile,
-             * the held prefetch is retried next. */
-            if (x->q_gen != gen) {
-                /* its plan was dropped meanwhile */
-            } else if (x->q_len < x->q_cap) {
+        if (passing && rc == FS_ERR_NOT_READY) {
+            /* The eviction that was to pass the held prefetch waits in its place: back in front
+             * (unless its plan was dropped meanwhile), and none passes before a move ends. If
+             * the last move in flight ended meanwhile, the held prefetch is retried next. */
+            if (x->q_gen == gen && x->q_len == x->q_cap) {
+                x->stats.dropped++;
+            } else if (x->q_gen == gen) {
                 x->q_head = (x->q_head + x->q_cap - 1) % x->q_cap;
                 x->q[x->q_head] = job;
                 x->q_len++;
-            } else {
-                x->stats.dropped++;
             }
             x->pass_at = x->completions;
             return;
@@ -197,7 +195,7 @@ static void start_jobs(struct fs_executor *x)
             return;
         }
         if (rc == FS_OK) {
-            x->stats.passed += x->passing;
+            x->stats.passed += passing;
             slot->job = job;
             slot->busy = true;
             slot->map_tried = false;

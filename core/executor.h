@@ -151,7 +151,6 @@ struct fs_executor {
     int inflight;            /* busy slots (mover thread only) */
     struct fs_exec_job held; /* a job taken off the queue that waits for moves in flight */
     bool has_held;
-    bool passing;            /* the job being begun is an eviction passing the held one */
     uint64_t pass_at;        /* COMPLETIONS when a passing eviction last had to wait: none
                               * passes again before a move ends */
     uint64_t held_ns;        /* when it was held (run trace) */

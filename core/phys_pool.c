@@ -103,11 +103,11 @@ int fs_phys_pool_get(struct fs_phys_pool *pool, uint64_t size, bool grow, struct
     if (rc != FS_OK)
         return rc;
     pthread_mutex_lock(&pool->lock);
-    pool->create_ns += fs_now_ns() - t0;
+    pool->counts.made_ns += fs_now_ns() - t0;
     pool->held_bytes += size;
     if (pool->held_bytes > pool->held_peak)
         pool->held_peak = pool->held_bytes;
-    pool->blocks_created++;
+    pool->counts.made++;
     pthread_mutex_unlock(&pool->lock);
     return FS_OK;
 }
@@ -128,7 +128,7 @@ static void cache_block(struct fs_phys_pool *pool, struct fs_block *b)
         struct fs_block **grown = realloc(pool->free_blocks, (size_t)cap * sizeof(*grown));
         if (!grown) {
             pool->held_bytes -= b->size;
-            pool->blocks_released++;
+            pool->counts.released++;
             fs_phys_block_release(pool->dev, b);
             return;
         }
@@ -154,7 +154,7 @@ void fs_phys_pool_adopt(struct fs_phys_pool *pool, struct fs_block *b)
     pool->held_bytes += b->size;
     if (pool->held_bytes > pool->held_peak)
         pool->held_peak = pool->held_bytes;
-    pool->blocks_created++;
+    pool->counts.made++;
     pthread_mutex_unlock(&pool->lock);
 }
 
@@ -165,11 +165,11 @@ uint64_t fs_phys_pool_trim(struct fs_phys_pool *pool, uint64_t want)
     while (pool->nfree > 0 && released < want) {
         struct fs_block *b = take_free(pool, 0); /* oldest first */
         pool->held_bytes -= b->size;
-        pool->blocks_released++;
+        pool->counts.released++;
         released += b->size;
         uint64_t t0 = fs_now_ns();
         fs_phys_block_release(pool->dev, b);
-        pool->release_ns += fs_now_ns() - t0;
+        pool->counts.released_ns += fs_now_ns() - t0;
     }
     pthread_mutex_unlock(&pool->lock);
     return released;
@@ -194,8 +194,7 @@ uint64_t fs_phys_pool_held_peak(struct fs_phys_pool *pool)
 struct fs_pool_counts fs_phys_pool_counts(struct fs_phys_pool *pool)
 {
     pthread_mutex_lock(&pool->lock);
-    struct fs_pool_counts c = {pool->blocks_created, pool->blocks_released, pool->create_ns,
-                               pool->release_ns};
+    struct fs_pool_counts c = pool->counts;
     pthread_mutex_unlock(&pool->lock);
     return c;
 }

@@ -24,6 +24,12 @@ struct fs_block {
     enum fs_mem_loc loc;
 };
 
+/* Over a pool's life: blocks created and released (trimmed), and the host time spent making
+ * them and giving the trimmed ones back. */
+struct fs_pool_counts {
+    uint64_t made, released, made_ns, released_ns;
+};
+
 struct fs_phys_pool {
     struct fs_device *dev;
     enum fs_mem_loc loc;
@@ -33,8 +39,7 @@ struct fs_phys_pool {
     uint64_t held_bytes; /* every block of this pool, in use or cached */
     uint64_t free_bytes; /* cached */
     uint64_t held_peak;
-    uint64_t blocks_created, blocks_released;
-    uint64_t create_ns, release_ns; /* host time in the driver: making them, trimming them */
+    struct fs_pool_counts counts;
 };
 
 int fs_phys_pool_init(struct fs_phys_pool *pool, struct fs_device *dev, enum fs_mem_loc loc);
@@ -60,11 +65,6 @@ uint64_t fs_phys_pool_trim(struct fs_phys_pool *pool, uint64_t want);
 
 uint64_t fs_phys_pool_held(struct fs_phys_pool *pool);
 uint64_t fs_phys_pool_held_peak(struct fs_phys_pool *pool);
-/* Over a pool's life: blocks created and released (trimmed), and the host time spent making
- * them and giving the trimmed ones back. */
-struct fs_pool_counts {
-    uint64_t made, released, made_ns, released_ns;
-};
 struct fs_pool_counts fs_phys_pool_counts(struct fs_phys_pool *pool);
 
 /* Copy SIZE bytes between an allocation at VA and block B on STREAM (TO_BLOCK: va -> block). */

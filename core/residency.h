@@ -280,7 +280,8 @@ struct fs_res_move {
 
 /* FS_OK: started, finish with fs_res_move_end. FS_RES_NOTHING; FS_ERR_NOT_FOUND (freed);
  * FS_ERR_NOT_READY: in use or moving, or (prefetch) room comes only when moves in flight end,
- * or (eviction, ONLY_IF_QUIET) a use may still run: retry later; FS_ERR_UNSUPPORTED (see above); FS_ERR_NOMEM (no room within the budget). */
+ * or (eviction, ONLY_IF_QUIET) a use may still run: retry later; FS_ERR_UNSUPPORTED (see
+ * above); FS_ERR_NOMEM (no room within the budget). */
 int fs_res_move_begin(struct fs_residency *res, uint64_t id, bool evict, struct fs_res_move *m);
 /* A begun prefetch: map its device block at the VA now, if no use of the range may still run
  * (FS_ERR_NOT_READY: not known to be quiet; the end remaps). A remap costs driver time that

@@ -862,7 +862,7 @@ static void simulate_help(FILE *out)
           "                           redirect (device copies, no remaps); the timeline model's\n"
           "                           columns stay those of the prefetch plan\n"
           "  --set KEY=VALUE,...      other settings of the replayed engine, by name without the\n"
-          "                           FLEXTENSOR_ prefix (e.g. STAGE_ARENA=1; see\n"
+          "                           FLEXTENSOR_ prefix (e.g. PLAN_HEADROOM=64MiB; see\n"
           "                           'flexshim-profile config --dump')\n"
           "\n"
           "One row per budget and strategy:\n"
@@ -927,7 +927,7 @@ static int check_settings(const char *cmd, const char *text)
     for (char *kv = strtok_r(buf, ",", &save); kv; kv = strtok_r(NULL, ",", &save), n++) {
         char *eq = strchr(kv, '=');
         if (!eq || eq == kv)
-            return usage_error(cmd, "--set '%s' is not KEY=VALUE (e.g. STAGE_ARENA=1)", kv);
+            return usage_error(cmd, "--set '%s' is not KEY=VALUE (e.g. PLAN_HEADROOM=64MiB)", kv);
         *eq = '\0';
         int id = fs_param_find(kv);
         if (id < 0)

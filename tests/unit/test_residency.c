@@ -535,7 +535,7 @@ static void test_free_returns_memory_and_rejects_interior(void **state)
     assert_int_equal(fs_res_free(&e.res, a), FS_ERR_NOT_FOUND);
     fs_dptr b;
     assert_int_equal(fs_res_alloc(&e.res, 24 * MIB, &b), FS_OK); /* the cached block is reused */
-    assert_int_equal(e.res.dev_pool.blocks_created, 1);
+    assert_int_equal(e.res.dev_pool.counts.made, 1);
     struct fs_res_stats s;
     fs_res_get_stats(&e.res, &s);
     assert_int_equal(s.allocs_live, 1);
@@ -597,12 +597,12 @@ static void test_prepin_fills_the_host_pool_ahead(void **state)
         usleep(1000);
     }
     assert_int_equal(st.host_bytes_held, 64 * MIB);
-    uint64_t created = e.res.host_pool.blocks_created;
+    uint64_t created = e.res.host_pool.counts.made;
     fs_dptr v[4];
     alloc_filled(&e, v, 4, 32 * MIB); /* 128 MiB under 64: two evictions */
     fs_res_get_stats(&e.res, &st);
     assert_true(st.evictions >= 2);
-    assert_int_equal(e.res.host_pool.blocks_created, created); /* nothing pinned on demand */
+    assert_int_equal(e.res.host_pool.counts.made, created); /* nothing pinned on demand */
     for (int i = 0; i < 4; i++)
         check(&e, v[i], 32 * MIB, (uint32_t)i, 0);
     env_close(&e);
