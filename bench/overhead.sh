@@ -7,7 +7,7 @@
 # 10% between processes). No run trace, no debug log: the shim as a user runs it.
 #
 #   PROFILE=prof-decode.json OUT=dir [ROUNDS=3 PCT=105 MODEL=7b MODE=redirect SIDES="noshim shim"] \
-#       [ITERS=32 CPUS= ALT_LIBS=] bash bench/overhead.sh
+#       [ITERS=32 CPUS= ALT_LIBS= WORKLOAD=decode] bash bench/overhead.sh
 #
 # SIDES, run in this order each round: noshim (no shim), shim (the shim as a user runs it: with
 # nothing to move it stops watching launches), watch (FLEXTENSOR_PAUSE_TRACKING=0: it watches
@@ -15,16 +15,17 @@
 # a user runs it, preloading the first, second, ... library of ALT_LIBS, space-separated paths,
 # instead of dist/'s: other builds, for an A/B between commits in one session), shim:KEY=VALUE,...
 # (the shim with these settings, FLEXTENSOR_ prefix left out, e.g. shim:STRATEGY=greedy: an A/B
-# of settings; its files are named with _ for : = and ,). ITERS: decode steps per run.
+# of settings; its files are named with _ for : = and ,). ITERS: steps per run. WORKLOAD: decode
+# (the default) or prefill, the same A/B on the compute-bound workload.
 # CPUS: run every side under `taskset -c CPUS` (the step is host-bound: fewer migrations).
-# PROFILE: a decode profile of the same model (bench/run.sh leaves one in bench-logs.tar.gz).
+# PROFILE: a profile of the same model and workload (bench/run.sh leaves one in bench-logs.tar.gz).
 # FAKE=1: no GPU; bench.py makes numbers up and nothing is preloaded (tests this script).
-# Prints each run's median step and output fingerprint (decode: the tokens; every run must give
-# the same, else the exit status is 1), then the median of each side's medians and its ratio to
+# Prints each run's median step and output fingerprint (decode: the tokens, prefill: the logits;
+# every run must give the same, else the exit status is 1), then the median of each side's medians and its ratio to
 # noshim's; the results (bench.py JSON) and the shim's logs stay in OUT.
 set -euo pipefail
 cd "$(dirname "$0")/.."
-: "${PROFILE:?PROFILE=a decode profile}" "${OUT:?OUT=a directory}"
+: "${PROFILE:?PROFILE=a profile of the workload}" "${OUT:?OUT=a directory}"
 ROUNDS=${ROUNDS:-3}
 PCT=${PCT:-105}
 MODEL=${MODEL:-7b}
@@ -32,6 +33,8 @@ MODE=${MODE:-redirect}
 read -r -a sides <<<"${SIDES:-noshim shim}"
 read -r -a alt_libs <<<"${ALT_LIBS:-}"
 ITERS=${ITERS:-32}
+WORKLOAD=${WORKLOAD:-decode}
+case $WORKLOAD in decode | prefill) ;; *) echo "overhead.sh: WORKLOAD=$WORKLOAD: decode or prefill" >&2; exit 2 ;; esac
 PIN=()
 [ -n "${CPUS:-}" ] && PIN=(taskset -c "$CPUS")
 PY=${PY:-python3}
@@ -96,7 +99,7 @@ for r in $(seq 1 "$ROUNDS"); do
             system=flexshim_$MODE pct=$PCT
             echo "---- round $r/$ROUNDS: $side ($MODE, ${PCT}% = ${mib} MiB, $LIB, ${side_env[$side]:-})"
         fi
-        "${envs[@]}" "${PIN[@]}" "$PY" bench/bench.py --system "$system" --workload decode \
+        "${envs[@]}" "${PIN[@]}" "$PY" bench/bench.py --system "$system" --workload "$WORKLOAD" \
             --model "$MODEL" --budget-pct "$pct" --iters "$ITERS" --result "$base.json" \
             "${ARGS[@]}" >"$base.out" 2>&1 || tail -5 "$base.out"
     done
@@ -111,7 +114,7 @@ import json, os, statistics, sys
 out, rounds = sys.argv[1], int(sys.argv[2])
 sides, files = sys.argv[3::2], dict(zip(sys.argv[3::2], sys.argv[4::2]))
 med = {side: [] for side in sides}
-outputs = {}  # fingerprint of the output (decode: the tokens) -> runs that gave it
+outputs = {}  # fingerprint of the output (decode: the tokens, prefill: the logits) -> runs that gave it
 for r in range(1, rounds + 1):
     for side in sides:
         path = os.path.join(out, f"{files[side]}-{r}.json")

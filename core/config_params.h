@@ -31,8 +31,8 @@ FS_PARAM(OFFLOAD_MODE, FS_PT_ENUM, "prefetch", 0, 0, "prefetch|host_read|redirec
     "prefetch: offloaded allocations are copied to the device ahead of their kernels and remapped there; host_read: they stay in pinned host memory and their kernels read them over the link (no copies, no remaps); redirect: they are copied into device blocks ahead of their kernels, whose pointers are rewritten to the copies (no remaps; a kernel reaching one through a pointer kept in device memory reads the host copy).") \
 FS_PARAM(LATE_PREFETCH, FS_PT_ENUM, "wait", 0, 0, "wait|read_in_place",                          \
     "OFFLOAD_MODE=redirect: a launch that needs an allocation whose copy has not begun yet waits for it (wait), or reads the allocation from host memory and the copy is dropped (read_in_place: the link is used while the copies wait for room).") \
-FS_PARAM(PLAN_HEADROOM, FS_PT_SIZE, "0", 0, 64 * FS_TIB, NULL,                                   \
-    "Part of GPU_MEMORY_LIMIT the plan leaves unused, as room for prefetches in flight (the planner's model counts no delay between an eviction and the prefetch waiting for its room).") \
+FS_PARAM(PLAN_HEADROOM, FS_PT_SIZE, "64MiB", 0, 64 * FS_TIB, NULL,                               \
+    "Part of GPU_MEMORY_LIMIT the plan leaves unused: slack for the device blocks that copies move into, so fewer are made anew for another size (the default is at most 1/32 of the limit).") \
 FS_PARAM(PROFILE, FS_PT_PATH,   "", 0, 0, NULL,                                                    \
     "Profile to start from (skips discovery and profiling when it matches the program).")          \
 FS_PARAM(PROFILE_OUT, FS_PT_PATH,   "", 0, 0, NULL,                                                \

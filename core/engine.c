@@ -248,10 +248,13 @@ static void prepin_offloaded(const struct fs_profile *p)
 }
 
 /* The budget plans are made for: GPU_MEMORY_LIMIT less PLAN_HEADROOM (the limit itself when the
- * headroom is not less, said once). */
+ * headroom is not less, said once). The default headroom is at most 1/32 of the limit, so a small
+ * limit keeps most of its room for the plan. */
 static uint64_t plan_budget(const struct fs_config *cfg, uint64_t budget)
 {
     uint64_t room = fs_config_u64(cfg, FS_P_PLAN_HEADROOM);
+    if (cfg->v[FS_P_PLAN_HEADROOM].src == FS_SRC_DEFAULT && room > budget / 32)
+        room = budget / 32;
     if (room < budget)
         return budget - room;
     FS_WARN("%s (%llu MiB) is not less than the budget (%llu MiB); it is ignored (lower it or "

@@ -341,6 +341,13 @@ expect "overhead.sh: says what a setting must look like" "$tmp/o" "side shim:str
 FAKE=1 PROFILE="$tmp/prof.json" OUT="$tmp/ovh" SIDES="noshim alt1 alt2" ALT_LIBS=/x.so bash bench/overhead.sh >"$tmp/o" 2>&1; rc=$?
 expect_rc "overhead.sh: alt2 without a second library exits 2" 2 $rc "$tmp/o"
 expect "overhead.sh: says which word of ALT_LIBS is missing" "$tmp/o" 'side alt2 needs word 2 of ALT_LIBS to be a libflexshim.so that exists \(ALT_LIBS=/x.so\)'
+FAKE=1 PROFILE="$tmp/prof.json" OUT="$tmp/ovh" ROUNDS=1 WORKLOAD=prefill bash bench/overhead.sh >"$tmp/o" 2>&1; rc=$?
+expect_rc "overhead.sh: WORKLOAD=prefill" 0 $rc "$tmp/o"
+[ "$(python3 -c 'import json,sys; print(json.load(open(sys.argv[1]))["workload"])' "$tmp/ovh/shim-1.json" 2>&1)" = prefill ] \
+    && ok "overhead.sh: WORKLOAD=prefill runs prefill" || fail "overhead.sh: WORKLOAD=prefill runs prefill" "$(cat "$tmp/ovh/shim-1.json")"
+FAKE=1 PROFILE="$tmp/prof.json" OUT="$tmp/ovh" WORKLOAD=train bash bench/overhead.sh >"$tmp/o" 2>&1; rc=$?
+expect_rc "overhead.sh: an unknown WORKLOAD exits 2" 2 $rc "$tmp/o"
+expect "overhead.sh: names the workloads" "$tmp/o" 'WORKLOAD=train: decode or prefill'
 FAKE=1 PROFILE="$tmp/prof.json" OUT="$tmp/ovh" SIDES="noshim shimm" bash bench/overhead.sh >"$tmp/o" 2>&1; rc=$?
 expect_rc "overhead.sh: an unknown side exits 2" 2 $rc "$tmp/o"
 expect "overhead.sh: names the unknown side" "$tmp/o" 'unknown side shimm'

@@ -398,9 +398,10 @@ static void test_profile_recorded_and_planned(void **state)
     assert_true(host > 0);
     assert_int_equal(p.allocs[0].mapped, 56 * MIB);
     assert_true(p.allocs[1].first_use >= 0);
-    /* The plan: made by the configured strategy for the budget, and valid. */
+    /* The plan: made by the configured strategy for the budget less the default headroom (at
+     * most 1/32 of the limit), and valid. */
     assert_string_equal(p.plan.strategy, "global");
-    assert_int_equal(p.plan.budget, 64 * MIB);
+    assert_int_equal(p.plan.budget, 64 * MIB - 64 * MIB / 32);
     assert_true(p.plan.peak_bytes <= 64 * MIB);
     assert_int_equal(fs_plan_evaluate(&p, &p.plan), FS_OK);
     assert_true(p.bw.h2d_bytes_per_us > 0);
@@ -644,7 +645,8 @@ static void test_run_trace(void **state)
 }
 
 /* PLAN_HEADROOM: the plan is made for the limit less the headroom (and the run stays exact and
- * within the limit); a headroom not less than the limit is ignored with one warning naming it. */
+ * within the limit); a headroom not less than the limit is ignored with one warning naming it;
+ * 0 plans for the whole limit. */
 static void test_plan_headroom(void **state)
 {
     (void)state;
@@ -669,6 +671,13 @@ static void test_plan_headroom(void **state)
     assert_non_null(strstr(log, "FLEXTENSOR_PLAN_HEADROOM (64 MiB) is not less than the budget "
                                 "(64 MiB); it is ignored"));
     assert_non_null(strstr(log, " at 64 MiB, predicted"));
+
+    /* 0 plans for the whole limit (the default would leave 1/32 of it). */
+    dev = start_logged(path, "FLEXTENSOR_PLAN_HEADROOM=0", log_path, w, &act);
+    stop(dev);
+    fs_test_read_file(log_path, log, sizeof(log));
+    assert_non_null(strstr(log, " at 64 MiB, predicted"));
+    assert_null(strstr(log, "not less than the budget"));
     unlink(log_path);
     unlink(path);
 }
