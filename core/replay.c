@@ -170,11 +170,14 @@ static int start_engine(struct replay *r, const struct fs_replay_config *cfg, ch
     snprintf(profile, sizeof(profile), "FLEXTENSOR_PROFILE=%s", r->path);
     snprintf(strategy, sizeof(strategy), "FLEXTENSOR_STRATEGY=%s",
              cfg->strategy ? cfg->strategy : "adaptive");
-    char *envp[10 + FS_REPLAY_SETTINGS] = {"FLEXTENSOR_CONFIG=", budget, profile,
+    /* PLAN_HEADROOM=0: the engine plans for the budget itself, as the model it is compared with
+     * did (the settings, after it, may say otherwise). */
+    char *envp[11 + FS_REPLAY_SETTINGS] = {"FLEXTENSOR_CONFIG=", budget, profile,
                                            "FLEXTENSOR_MIN_OFFLOAD_BYTES=0",
                                            "FLEXTENSOR_REMAP_SAFETY=tracked",
-                                           "FLEXTENSOR_LOG_LEVEL=error"};
-    int n = 6;
+                                           "FLEXTENSOR_LOG_LEVEL=error",
+                                           "FLEXTENSOR_PLAN_HEADROOM=0"};
+    int n = 7;
     if (cfg->strategy)
         envp[n++] = strategy;
     if (cfg->offload_mode) {

@@ -31,7 +31,8 @@
 #define FS_REPLAY_HOST_READ_BYTES_PER_S 36e9
 
 struct fs_replay_config {
-    uint64_t budget;      /* GPU_MEMORY_LIMIT in bytes (at least 64 MiB) */
+    uint64_t budget;      /* GPU_MEMORY_LIMIT in bytes (at least 64 MiB); the engine plans for
+                           * all of it (PLAN_HEADROOM 0 unless SETTINGS say otherwise) */
     const char *strategy; /* NULL: the profile's plan if made for BUDGET, else adaptive */
     int iterations;       /* run; the first two are warm-up */
     const char *offload_mode; /* OFFLOAD_MODE's value (a valid one); NULL: the default */

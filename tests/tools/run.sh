@@ -143,6 +143,9 @@ expect_not "simulate --replay: the replayed engine logs only errors" "$tmp/e" 'i
 run "$tmp/o" "$tmp/e" simulate "$SMALL" --budget 128MiB --strategy knapsack --replay 4 --set LOG_LEVEL=info
 expect_rc "simulate --set: exits 0" 0 $rc "$tmp/e"
 expect "simulate --set LOG_LEVEL=info: the replayed engine says its plan" "$tmp/e" 'info: profile .*: 7 launches per iteration, 10 allocations; plan knapsack at 128 MiB'
+# The replay plans for the whole budget, as the model did; PLAN_HEADROOM given with --set applies.
+run "$tmp/o" "$tmp/e" simulate "$SMALL" --budget 128MiB --strategy knapsack --replay 4 --set LOG_LEVEL=info,PLAN_HEADROOM=8MiB
+expect "simulate --set PLAN_HEADROOM=8MiB: the replayed engine plans for the budget less it" "$tmp/e" 'plan knapsack at 120 MiB'
 run "$tmp/o" "$tmp/e" simulate "$SMALL" --budget 128MiB --replay 4 --set LATE_PREFETCH=soon
 expect_rc "simulate --set with a bad value exits 2" 2 $rc "$tmp/e"
 expect "simulate --set names the setting and the choices" "$tmp/e" "--set LATE_PREFETCH=soon: unknown choice; use one of wait, read_in_place"
