@@ -21,8 +21,8 @@
 # PROFILE: a profile of the same model and workload (bench/run.sh leaves one in bench-logs.tar.gz).
 # FAKE=1: no GPU; bench.py makes numbers up and nothing is preloaded (tests this script).
 # Prints each run's median step and output fingerprint (decode: the tokens, prefill: the logits;
-# every run must give the same, else the exit status is 1), then the median of each side's medians and its ratio to
-# noshim's; the results (bench.py JSON) and the shim's logs stay in OUT.
+# every run must give the same, else the exit status is 1), then the median of each side's
+# medians and its ratio to noshim's; the results (bench.py JSON) and the shim's logs stay in OUT.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 : "${PROFILE:?PROFILE=a profile of the workload}" "${OUT:?OUT=a directory}"
@@ -34,7 +34,10 @@ read -r -a sides <<<"${SIDES:-noshim shim}"
 read -r -a alt_libs <<<"${ALT_LIBS:-}"
 ITERS=${ITERS:-32}
 WORKLOAD=${WORKLOAD:-decode}
-case $WORKLOAD in decode | prefill) ;; *) echo "overhead.sh: WORKLOAD=$WORKLOAD: decode or prefill" >&2; exit 2 ;; esac
+case $WORKLOAD in
+decode | prefill) ;;
+*) echo "overhead.sh: WORKLOAD=$WORKLOAD: decode or prefill" >&2; exit 2 ;;
+esac
 PIN=()
 [ -n "${CPUS:-}" ] && PIN=(taskset -c "$CPUS")
 PY=${PY:-python3}
@@ -114,7 +117,7 @@ import json, os, statistics, sys
 out, rounds = sys.argv[1], int(sys.argv[2])
 sides, files = sys.argv[3::2], dict(zip(sys.argv[3::2], sys.argv[4::2]))
 med = {side: [] for side in sides}
-outputs = {}  # fingerprint of the output (decode: the tokens, prefill: the logits) -> runs that gave it
+outputs = {}  # output fingerprint (decode: the tokens, prefill: the logits) -> runs giving it
 for r in range(1, rounds + 1):
     for side in sides:
         path = os.path.join(out, f"{files[side]}-{r}.json")

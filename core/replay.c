@@ -164,7 +164,8 @@ static int start_engine(struct replay *r, const struct fs_replay_config *cfg, ch
                         size_t errlen)
 {
     char budget[64], profile[300], strategy[64], mode[64];
-    char list[512], set[FS_REPLAY_SETTINGS][sizeof(list) + sizeof("FLEXTENSOR_")];
+    char list[FS_REPLAY_SETTINGS_TEXT];
+    char set[FS_REPLAY_SETTINGS][sizeof(list) + sizeof("FLEXTENSOR_")];
     snprintf(budget, sizeof(budget), "FLEXTENSOR_GPU_MEMORY_LIMIT=%llu",
              (unsigned long long)cfg->budget);
     snprintf(profile, sizeof(profile), "FLEXTENSOR_PROFILE=%s", r->path);

@@ -37,7 +37,8 @@ struct fs_replay_config {
     int iterations;       /* run; the first two are warm-up */
     const char *offload_mode; /* OFFLOAD_MODE's value (a valid one); NULL: the default */
     /* more settings, "KEY=VALUE,..." (names without the FLEXTENSOR_ prefix, at most
-     * FS_REPLAY_SETTINGS; the engine refuses bad ones); NULL: none */
+     * FS_REPLAY_SETTINGS, shorter than FS_REPLAY_SETTINGS_TEXT; the engine refuses bad ones);
+     * NULL: none */
     const char *settings;
     /* Optional: the last iteration as it ran on the simulated device, one event per kernel
      * (compute), copy in (H2D) and out (D2H) of an allocation, and stretch the program's thread
@@ -48,6 +49,7 @@ struct fs_replay_config {
 };
 
 #define FS_REPLAY_SETTINGS 8
+#define FS_REPLAY_SETTINGS_TEXT 512
 
 struct fs_replay_result {
     double step_us;  /* median iteration time after the warm-up */

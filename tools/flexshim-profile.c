@@ -853,8 +853,8 @@ static void simulate_help(FILE *out)
           "                           such as 60%: percent of the profile's managed bytes, the sum\n"
           "                           of the mapped bytes of the allocations some launch uses\n"
           "                           (the shim at GPU_MEMORY_LIMIT=X plans for X less\n"
-          "                           PLAN_HEADROOM: 64 MiB, at most 1/32 of X, by default; the\n"
-          "                           replay plans for all of SIZE unless --set says otherwise)\n"
+          "                           PLAN_HEADROOM, see 'config --dump'; the replay plans for\n"
+          "                           all of SIZE unless --set says otherwise)\n"
           "  --strategy NAME|all      adaptive, knapsack, greedy, global, or all (the default: all\n"
           "                           four, in that order)\n"
           "  --replay N               also replay each plan for N iterations (3 to 1000; the first\n"
@@ -918,11 +918,11 @@ static int pick_strategies(const char *cmd, const char *name, bool allow_all,
     return -1;
 }
 
-/* --set KEY=VALUE,...: each a flexshim setting with a valid value, at most FS_REPLAY_SETTINGS;
- * -1, or the exit code after a message. */
+/* --set KEY=VALUE,...: each a flexshim setting with a valid value, at most FS_REPLAY_SETTINGS,
+ * as much text as the replay takes; -1, or the exit code after a message. */
 static int check_settings(const char *cmd, const char *text)
 {
-    char buf[512];
+    char buf[FS_REPLAY_SETTINGS_TEXT];
     if (snprintf(buf, sizeof(buf), "%s", text) >= (int)sizeof(buf))
         return usage_error(cmd, "--set: too long (at most %zu characters)", sizeof(buf) - 1);
     int n = 0;
