@@ -20,9 +20,10 @@
 # CPUS: run every side under `taskset -c CPUS` (the step is host-bound: fewer migrations).
 # PROFILE: a profile of the same model and workload (bench/run.sh leaves one in bench-logs.tar.gz).
 # FAKE=1: no GPU; bench.py makes numbers up and nothing is preloaded (tests this script).
-# Prints each run's median step and output fingerprint (decode: the tokens, prefill: the logits;
-# every run must give the same, else the exit status is 1), then the median of each side's
-# medians and its ratio to noshim's; the results (bench.py JSON) and the shim's logs stay in OUT.
+# Prints each run's median step, start-up (time to the first step's end, model build) and output
+# fingerprint (decode: the tokens, prefill: the logits; every run must give the same, else the
+# exit status is 1), then the median of each side's medians and its ratio to noshim's, and each
+# side's median start-up; the results (bench.py JSON) and the shim's logs stay in OUT.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 : "${PROFILE:?PROFILE=a profile of the workload}" "${OUT:?OUT=a directory}"
@@ -117,6 +118,7 @@ import json, os, statistics, sys
 out, rounds = sys.argv[1], int(sys.argv[2])
 sides, files = sys.argv[3::2], dict(zip(sys.argv[3::2], sys.argv[4::2]))
 med = {side: [] for side in sides}
+ttfs = {side: [] for side in sides}  # seconds from the process start to the first step's end
 outputs = {}  # output fingerprint (decode: the tokens, prefill: the logits) -> runs giving it
 for r in range(1, rounds + 1):
     for side in sides:
@@ -127,9 +129,12 @@ for r in range(1, rounds + 1):
             result = {}
         ms = result.get("step_ms_median")
         fp = (result.get("fingerprint") or {}).get("value")
-        print(f"round {r} {side:6s} median step {ms} ms, output {fp}")
+        print(f"round {r} {side:6s} median step {ms} ms, first step at {result.get('ttfs_s')} s "
+              f"(model build {result.get('build_s')} s), output {fp}")
         if ms is not None:
             med[side].append(ms)
+        if result.get("ttfs_s") is not None:
+            ttfs[side].append(result["ttfs_s"])
         if fp is not None:
             outputs.setdefault(fp, []).append(f"{side}-{r}")
 if len(outputs) == 1:
@@ -146,5 +151,11 @@ for side in sides:
         m, f = statistics.median(med[side]), min(med[side])
         print(f"{side} {m:.2f} ms (median of {len(med[side])} runs): ratio {m / base:.3f}; "
               f"fastest run {f:.2f} ms: ratio {f / low:.3f}")
+if ttfs["noshim"] and all(ttfs.values()):
+    t0 = statistics.median(ttfs["noshim"])
+    print("start-up (median time to the first step's end): " + "; ".join(
+        f"{side} {statistics.median(ttfs[side]):.2f} s"
+        + ("" if side == "noshim" else f" ({statistics.median(ttfs[side]) / t0:.2f} x)")
+        for side in sides))
 sys.exit(0 if len(outputs) <= 1 else 1)
 EOF

@@ -124,6 +124,9 @@ struct fs_device {
 /* Open device ORDINAL through the CUDA driver. FS_ERR_UNSUPPORTED when no driver is present
  * (the shim then passes everything through). */
 int fs_device_cuda_open(int ordinal, struct fs_device **out);
+/* Devices the driver shows this process (CUDA_VISIBLE_DEVICES applies); FS_ERR_UNSUPPORTED when
+ * no driver is present. */
+int fs_device_cuda_count(int *count);
 
 /* Convenience wrappers so call sites read as verbs. */
 #define fs_dev_call(dev, op, ...) ((dev)->ops->op((dev), ##__VA_ARGS__))

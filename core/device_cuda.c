@@ -781,6 +781,19 @@ static bool cu_means_absent(CUresult res)
     }
 }
 
+int fs_device_cuda_count(int *count)
+{
+    *count = 0;
+    if (fs_cuda_load_driver() != FS_OK)
+        return FS_ERR_UNSUPPORTED;
+    CUresult res = fs_cuda.cuInit(0);
+    if (res == CUDA_SUCCESS)
+        res = fs_cuda.cuDeviceGetCount(count);
+    if (res == CUDA_SUCCESS)
+        return FS_OK;
+    return cu_means_absent(res) ? FS_ERR_UNSUPPORTED : cu_check(res, "cuDeviceGetCount");
+}
+
 int fs_device_cuda_open(int ordinal, struct fs_device **out)
 {
     struct fs_device *dev = NULL;

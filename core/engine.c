@@ -2,10 +2,12 @@
 
 #include <dlfcn.h>
 #include <errno.h>
+#include <fcntl.h>
 #include <pthread.h>
 #include <sched.h>
 #include <stdlib.h>
 #include <string.h>
+#include <unistd.h>
 
 #include "executor.h"
 #include "fs.h"
@@ -46,6 +48,8 @@ static struct {
     int pausing;
     bool paused;
     uint64_t open;
+    pthread_t early;    /* fs_engine_start_early's thread */
+    bool early_running; /* EARLY is to be joined */
     struct fs_engine_stats stats;
 } eng = {.start_lock = PTHREAD_MUTEX_INITIALIZER, .pause_lock = PTHREAD_MUTEX_INITIALIZER};
 
@@ -414,6 +418,60 @@ static bool started(void)
     return __atomic_load_n(&eng.start_state, __ATOMIC_ACQUIRE) == STARTED;
 }
 
+/* Do this process's command and first argument begin RECORDED, a profile's command line (words
+ * joined by spaces, recorder.c)? */
+static bool same_program(const char *recorded)
+{
+    char cmd[4096];
+    int fd = open("/proc/self/cmdline", O_RDONLY | O_CLOEXEC);
+    if (fd < 0)
+        return false;
+    ssize_t n = read(fd, cmd, sizeof(cmd) - 1);
+    close(fd);
+    if (n <= 0)
+        return false;
+    cmd[n] = '\0';
+    size_t len0 = strlen(cmd);
+    const char *arg1 = (ssize_t)len0 + 1 < n ? cmd + len0 + 1 : "";
+    size_t len1 = strlen(arg1);
+    if (strncmp(recorded, cmd, len0) != 0)
+        return false;
+    recorded += len0;
+    if (len1 == 0)
+        return *recorded == '\0' || *recorded == ' ';
+    return recorded[0] == ' ' && strncmp(recorded + 1, arg1, len1) == 0 &&
+           (recorded[1 + len1] == '\0' || recorded[1 + len1] == ' ');
+}
+
+static void *early_start_main(void *arg)
+{
+    (void)arg;
+    fs_thread_internal = true;
+    const struct fs_config *cfg = fs_engine_config();
+    struct fs_profile p = {0};
+    char err[512];
+    if (fs_profile_load(fs_config_str(cfg, FS_P_PROFILE), &p, err, sizeof(err)) != FS_OK)
+        return NULL; /* said when the engine starts and loads it */
+    bool ours = same_program(p.program);
+    fs_profile_free(&p);
+    int ndev = 1;
+    if (!ours || (!eng.dev_injected && cfg->v[FS_P_DEVICE].src == FS_SRC_DEFAULT &&
+                  (fs_device_cuda_count(&ndev) != FS_OK || ndev != 1)))
+        return NULL;
+    FS_INFO("starting early: the profile is this program's; pinning what its plan offloads");
+    ensure_started(-1);
+    return NULL;
+}
+
+void fs_engine_start_early(void)
+{
+    const struct fs_config *cfg = fs_engine_config();
+    if (!eng.active || !fs_config_str(cfg, FS_P_PROFILE)[0] ||
+        fs_config_u64(cfg, FS_P_PIN_MODE) != 0)
+        return;
+    eng.early_running = pthread_create(&eng.early, NULL, early_start_main, NULL) == 0;
+}
+
 /* ---- pausing launch tracking ------------------------------------------------------------------
  * While the plan moves nothing and every allocation is on the device, watching launches only
  * costs time (CUPTI's callbacks, about 0.5 us a launch: a few percent of a launch-bound step), so
@@ -768,6 +826,10 @@ static void log_remaps(const struct fs_res_stats *r)
 
 void fs_engine_shutdown(void)
 {
+    if (eng.early_running) {
+        pthread_join(eng.early, NULL);
+        eng.early_running = false;
+    }
     struct fs_engine_stats s;
     fs_engine_get_stats(&s);
     warn_if_nothing_seen(&s);
@@ -823,6 +885,8 @@ void fs_engine_shutdown(void)
 
 void fs_engine_teardown(void)
 {
+    if (eng.early_running)
+        pthread_join(eng.early, NULL);
     if (started()) {
         stop_planning();
         fs_launch_shutdown();

@@ -1,9 +1,10 @@
 /* The engine's entry points: what the shim's hooks forward to. The engine never knows how it was
  * called; hooks translate its fs_err results into the caller's API.
  *
- * The engine starts at the first allocation it could manage (or the first memory query): it opens
- * the device, reserves the managed address range and starts the launch tracker the shim
- * registered. If any of that fails it says why once and every call passes through. */
+ * The engine starts at the first allocation it could manage (or the first memory query), or as
+ * the library loads when it runs a profile of this program (fs_engine_start_early): it opens the
+ * device, reserves the managed address range and starts the launch tracker the shim registered.
+ * If any of that fails it says why once and every call passes through. */
 #ifndef FS_ENGINE_H
 #define FS_ENGINE_H
 
@@ -45,6 +46,15 @@ struct fs_tracker {
     int (*pause)(bool paused);
 };
 void fs_engine_set_tracker(const struct fs_tracker *t);
+
+/* Start the engine now, on a thread of its own, when PROFILE names a profile recorded from this
+ * program (the same command and first argument: not a helper process that inherited the
+ * environment) and the device to manage is known (FLEXTENSOR_DEVICE set, or one device visible):
+ * the pinner then pins the host memory the plan needs while the program is still starting (the
+ * driver pins at about 4 GB/s, and the program's CUDA calls wait behind it). Otherwise, and when
+ * the profile cannot be read, the engine starts at first use as always. Called by the library
+ * constructor, after fs_engine_init; the thread is joined by fs_engine_shutdown. */
+void fs_engine_start_early(void);
 
 /* Use DEV instead of opening the CUDA device (tests with the simulated device). */
 void fs_engine_use_device(struct fs_device *dev);

@@ -688,15 +688,31 @@ int fs_exec_install(struct fs_executor *x, struct fs_profile *p)
         free_plan(&staged);
         return rc;
     }
+    /* Nothing to move: each allocation stays resident or is never used in the iteration (the
+     * plan leaves those on host for room), and all of them fit the budget together. */
+    bool still = true;
+    uint64_t all = 0;
+    for (int a = 0; a < sp->nallocs; a++) {
+        const struct fs_plan_entry *e = &sp->plan.entries[a];
+        still &= e->resident || (e->prefetch_at < 0 && e->evict_after < 0);
+        all += sp->allocs[a].mapped;
+    }
+    bool moves_nothing = still && all <= sp->plan.budget;
     /* What the plan keeps resident is evicted last when room is made on demand (without
      * memory for the list, LRU alone decides); in host-read mode the rest is read in place, in
-     * redirect mode it is staged. */
+     * redirect mode it is staged. Where the plan moves something, an allocation it offloads and
+     * the iteration uses starts on host when the program makes it (one the iteration never uses
+     * may be the program's scratch while it starts: it takes the device while there is room). */
     static const uint8_t offloaded_role[] = {[FS_OFFLOAD_PREFETCH] = FS_PLAN_MOVED,
                                              [FS_OFFLOAD_HOST_READ] = FS_PLAN_HOST,
                                              [FS_OFFLOAD_REDIRECT] = FS_PLAN_STAGED};
     uint8_t *role = malloc((size_t)sp->nallocs + 1);
-    for (int a = 0; role && a < sp->nallocs; a++)
-        role[a] = sp->plan.entries[a].resident ? FS_PLAN_KEPT : offloaded_role[x->mode];
+    for (int a = 0; role && a < sp->nallocs; a++) {
+        bool host_first = !moves_nothing && sp->allocs[a].first_use >= 0;
+        role[a] = sp->plan.entries[a].resident
+                      ? FS_PLAN_KEPT
+                      : offloaded_role[x->mode] | (host_first ? FS_PLAN_START_ON_HOST : 0);
+    }
     fs_res_set_plan_roles(x->res, role, sp->nallocs);
     pthread_mutex_lock(&x->lock);
     free_plan(x);
@@ -719,16 +735,7 @@ int fs_exec_install(struct fs_executor *x, struct fs_profile *p)
         x->roll_out_pow *= HASH_MUL;
     x->lost_run = 0;
     x->gave_up = false;
-    /* Nothing to move: each allocation stays resident or is never used in the iteration (the
-     * plan leaves those on host for room), and all of them fit the budget together. */
-    bool still = true;
-    uint64_t all = 0;
-    for (int a = 0; a < x->prof.nallocs; a++) {
-        const struct fs_plan_entry *e = &x->prof.plan.entries[a];
-        still &= e->resident || (e->prefetch_at < 0 && e->evict_after < 0);
-        all += x->prof.allocs[a].mapped;
-    }
-    __atomic_store_n(&x->moves_nothing, still && all <= x->prof.plan.budget, __ATOMIC_RELAXED);
+    __atomic_store_n(&x->moves_nothing, moves_nothing, __ATOMIC_RELAXED);
     x->stats.plans++;
     fs_res_expect_moves(x->res);
     __atomic_store_n(&x->running, 1, __ATOMIC_RELEASE);

@@ -149,6 +149,23 @@ void fs_res_prepin(struct fs_residency *res, const uint64_t *sizes, int n)
     pthread_mutex_unlock(&res->lock);
 }
 
+/* A host block of SIZE bytes: a pinned one from the pool, else one pinned now, on the caller's
+ * thread, which stands for a block of that size still to come in the pre-pinning list (so the
+ * pinner does not pin it again: the pool would keep both). Lock held. */
+static int host_block_get(struct fs_residency *res, uint64_t size, struct fs_block **out)
+{
+    bool ready = fs_phys_pool_has(&res->host_pool, size);
+    int rc = fs_phys_pool_get(&res->host_pool, size, true, out);
+    if (rc != FS_OK || ready)
+        return rc;
+    for (int i = res->prepin_next; i < res->nprepin; i++)
+        if (res->prepin[i] == size) {
+            res->prepin[i] = res->prepin[res->prepin_next++];
+            break;
+        }
+    return rc;
+}
+
 /* Wake the pinner when the budget leaves allocations without host memory (lock held). */
 static void update_host_target(struct fs_residency *res)
 {
@@ -536,7 +553,7 @@ static int evict_locked(struct fs_residency *res, struct fs_alloc *a)
         return rc;
     if (!a->host) {
         struct fs_block *b;
-        rc = fs_phys_pool_get(&res->host_pool, a->mapped, true, &b);
+        rc = host_block_get(res, a->mapped, &b);
         if (rc != FS_OK)
             goto fail;
         attach_host(res, a, b);
@@ -571,7 +588,8 @@ static bool in_list(const struct fs_alloc *a, struct fs_alloc *const *list, int 
 
 static int plan_role(const struct fs_residency *res, const struct fs_alloc *a)
 {
-    return a->id < (uint64_t)res->nplan_role ? res->plan_role[a->id] : FS_PLAN_MOVED;
+    return a->id < (uint64_t)res->nplan_role ? res->plan_role[a->id] & FS_PLAN_ROLE_MASK
+                                             : FS_PLAN_MOVED;
 }
 
 /* The least recently used allocation on the device, not in KEEP, one the plan does not keep
@@ -734,7 +752,9 @@ int fs_res_alloc(struct fs_residency *res, uint64_t size, fs_dptr *out)
     pthread_mutex_lock(&res->lock);
     bool grow;
     struct fs_block *b = NULL;
-    rc = make_room(res, a->mapped, NULL, 0, &grow);
+    bool host_first = res->next_id < (uint64_t)res->nplan_role &&
+                      (res->plan_role[res->next_id] & FS_PLAN_START_ON_HOST);
+    rc = host_first ? FS_ERR_NOMEM : make_room(res, a->mapped, NULL, 0, &grow);
     if (rc == FS_OK)
         rc = fs_phys_pool_get(&res->dev_pool, a->mapped, grow, &b);
     if (rc == FS_OK) {
@@ -747,8 +767,9 @@ int fs_res_alloc(struct fs_residency *res, uint64_t size, fs_dptr *out)
         }
     }
     if (rc != FS_OK) {
-        /* Does not fit the budget (or the device): it starts on host and still works. */
-        rc = fs_phys_pool_get(&res->host_pool, a->mapped, true, &b);
+        /* Does not fit the budget (or the device), or the plan offloads it: it starts on host
+         * and still works. */
+        rc = host_block_get(res, a->mapped, &b);
         if (rc == FS_OK) {
             rc = map_at(res, a, b);
             if (rc == FS_OK) {
@@ -1143,7 +1164,7 @@ int fs_res_move_begin(struct fs_residency *res, uint64_t id, bool evict, struct 
     if (evict) {
         if (!a->host) {
             struct fs_block *b;
-            rc = fs_phys_pool_get(&res->host_pool, a->mapped, true, &b);
+            rc = host_block_get(res, a->mapped, &b);
             if (rc != FS_OK)
                 goto out;
             attach_host(res, a, b);

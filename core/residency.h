@@ -108,7 +108,8 @@ struct fs_res_stats {
     uint64_t evictions, evicted_bytes;
     uint64_t faults, faulted_bytes;   /* on-demand fault-ins */
     uint64_t prefetches, prefetched_bytes;
-    uint64_t placed_on_host;          /* allocations that did not fit and started on host */
+    uint64_t placed_on_host;          /* allocations that started on host: no room, or the plan's
+                                       * FS_PLAN_START_ON_HOST */
     uint64_t host_served;             /* references left on host (no room, capture) */
     uint64_t quiesce_syncs;           /* full synchronizes forced by the quiet-range rule */
     uint64_t clean_evictions, clean_bytes; /* evictions whose write-back the fingerprint skipped */
@@ -161,7 +162,9 @@ struct fs_residency {
     pthread_mutex_t ev_lock; /* guards free_events only */
     struct fs_shared_event *free_events;
     struct fs_res_stats stats;
-    /* background pinning: host blocks for the allocations the budget will push out */
+    /* background pinning: host blocks for the allocations the budget will push out (one
+     * thread: the driver makes pinned host memory at about 4 GB/s however many threads ask,
+     * tests/gpu/pin_probe.c) */
     pthread_t pinner;
     bool pinner_started, pinner_stop;
     pthread_cond_t pinner_wake;
@@ -224,8 +227,15 @@ int fs_res_evict_id(struct fs_residency *res, uint64_t id);
  *                   pointers of launches that reference it are redirected to that copy until
  *                   the plan's eviction (which writes it back if it changed); a launch that
  *                   finds no copy reads it from host, never faults it in.
+ * A role may carry FS_PLAN_START_ON_HOST: an allocation with that id not made yet is placed in
+ * pinned host memory when it is made, not on the device, since the plan would only push it out
+ * again (its next uses come from its prefetches or read it in place); without the flag a new
+ * allocation takes the device while the budget allows, evicting others. A program that builds
+ * its model under a plan then makes device blocks only for what the plan keeps, and evicts
+ * nothing.
  * Takes ROLE (malloc'd; freed with the next call or fs_res_destroy); NULL forgets them. */
 enum fs_plan_role { FS_PLAN_MOVED, FS_PLAN_KEPT, FS_PLAN_HOST, FS_PLAN_STAGED };
+enum { FS_PLAN_ROLE_MASK = 0x0f, FS_PLAN_START_ON_HOST = 0x10 };
 void fs_res_set_plan_roles(struct fs_residency *res, uint8_t *role, int n);
 
 /* Pin host blocks of these SIZES (granularity multiples) into the pool in the background, ahead

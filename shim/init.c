@@ -11,7 +11,8 @@ __attribute__((constructor)) static void fs_shim_load(void)
 {
     fs_hook_depth++;
     fs_engine_set_tracker(&cupti_tracker);
-    fs_engine_init(environ);
+    if (fs_engine_init(environ) == FS_OK)
+        fs_engine_start_early();
     fs_hook_depth--;
 }
 

@@ -22,6 +22,8 @@ static struct fs_device *open_sim(void)
 
 static int tracker_refuses; /* ... and how it fails */
 
+static bool start_early; /* start() also calls fs_engine_start_early, as the library does */
+
 static void start(struct fs_device *dev, char **envp)
 {
     __atomic_store_n(&tracker_paused, 0, __ATOMIC_RELEASE);
@@ -29,6 +31,8 @@ static void start(struct fs_device *dev, char **envp)
     fs_engine_teardown();
     fs_engine_use_device(dev);
     assert_int_equal(fs_engine_init(envp), FS_OK);
+    if (start_early)
+        fs_engine_start_early();
 }
 
 static void stop(struct fs_device *dev)
@@ -546,6 +550,45 @@ static void test_plan_runs_from_saved_profile(void **state)
     assert_true(st.exec.max_inflight >= 1 && st.exec.max_inflight <= FS_EXEC_MOVES_INFLIGHT);
     assert_true(st.res.clean_evictions >= ITERS / 2);
     stop(dev);
+    unlink(path);
+}
+
+/* A profile recorded from this program starts the engine as the library loads, on a thread of
+ * its own (fs_engine_start_early), so the plan's host memory is pinned before the program's
+ * first allocation; a profile of another program (another command) leaves the start to the first
+ * allocation. Either way the allocations the plan offloads start in host memory and the run is
+ * exact. */
+static void test_early_start(void **state)
+{
+    (void)state;
+    char path[64], other[64], log_path[64], log[16384], err[256];
+    fresh_path(path, sizeof(path));
+    fresh_path(other, sizeof(other));
+    fresh_path(log_path, sizeof(log_path));
+    record_profile(path, "FLEXTENSOR_GPU_MEMORY_LIMIT=64MiB");
+    struct fs_profile p;
+    assert_int_equal(fs_profile_load(path, &p, err, sizeof(err)), FS_OK);
+    snprintf(p.program, sizeof(p.program), "another-program --with args");
+    assert_int_equal(fs_profile_save(other, &p, err, sizeof(err)), FS_OK);
+    fs_profile_free(&p);
+    for (int ours = 1; ours >= 0; ours--) {
+        uint64_t w[L], act;
+        start_early = true;
+        struct fs_device *dev = start_logged(ours ? path : other, NULL, log_path, w, &act);
+        start_early = false;
+        assert_int_equal(run_program(dev, w, L, act, 8), 0);
+        struct fs_engine_stats st;
+        fs_engine_get_stats(&st);
+        stop(dev);
+        fs_test_read_file(log_path, log, sizeof(log));
+        assert_int_equal(strstr(log, "starting early: the profile is this program's") != NULL,
+                         ours);
+        assert_int_equal(st.exec.plans, 1);
+        assert_true(st.res.placed_on_host > 0);
+        assert_true(st.res.device_bytes_peak <= 64 * MIB);
+    }
+    unlink(log_path);
+    unlink(other);
     unlink(path);
 }
 
@@ -1147,6 +1190,7 @@ int main(void)
         cmocka_unit_test(test_profile_recorded_and_planned),
         cmocka_unit_test(test_marked_iterations),
         cmocka_unit_test(test_plan_runs_from_saved_profile),
+        cmocka_unit_test(test_early_start),
         cmocka_unit_test(test_run_trace),
         cmocka_unit_test(test_plan_headroom),
         cmocka_unit_test(test_host_read_mode),

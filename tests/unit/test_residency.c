@@ -905,9 +905,43 @@ static void test_plan_host_role_is_read_in_place(void **state)
     env_close(&e);
 }
 
-/* One allocation of SIZE bytes (filled with seed 0) into V, with the plan role FS_PLAN_STAGED,
- * on host after a plain eviction: what redirect mode's plan starts from. */
-/* N allocations of SIZE, filled (alloc_filled), with the plan roles ROLES. */
+/* FS_PLAN_START_ON_HOST: the allocation with that id starts on host when it is made, although
+ * the budget has room, and nothing is evicted for it; the others (kept, or offloaded without the
+ * flag) take the device. A launch that references it reads it in place (staged role, no stage
+ * yet), and the data is exact. */
+static void test_plan_places_offloaded_on_host_when_made(void **state)
+{
+    (void)state;
+    struct env e;
+    env_open(&e, 64 * MIB, false);
+    static const uint8_t roles[3] = {FS_PLAN_KEPT, FS_PLAN_STAGED | FS_PLAN_START_ON_HOST,
+                                     FS_PLAN_STAGED};
+    fs_res_set_plan_roles(&e.res, kept(roles, 3), 3);
+    fs_dptr v[4];
+    uint64_t sz = 16 * MIB;
+    struct kctx k = {.words = (uint32_t)(sz / 4)};
+    alloc_filled(&e, v, 4, sz); /* the fourth is past the plan: no role */
+    assert_int_equal(where(&e, v[0]), FS_LOC_DEVICE);
+    assert_int_equal(where(&e, v[1]), FS_LOC_HOST);
+    assert_int_equal(where(&e, v[2]), FS_LOC_DEVICE);
+    assert_int_equal(where(&e, v[3]), FS_LOC_DEVICE);
+    struct fs_res_stats before, after;
+    fs_res_get_stats(&e.res, &before);
+    assert_int_equal(before.evictions, 0);
+    assert_int_equal(before.placed_on_host, 1);
+    assert_int_equal(before.device_bytes_held, 3 * sz);
+    launch(&e, &v[1], &sz, 1, 1000, add_one, &k);
+    assert_int_equal(e.dev->ops->ctx_sync(e.dev), FS_OK);
+    fs_res_get_stats(&e.res, &after);
+    assert_int_equal(where(&e, v[1]), FS_LOC_HOST);
+    assert_int_equal(after.faults, 0);
+    assert_int_equal(after.host_served, before.host_served + 1);
+    for (int i = 0; i < 4; i++)
+        check(&e, v[i], sz, (uint32_t)i, i == 1);
+    fs_res_set_plan_roles(&e.res, NULL, 0);
+    env_close(&e);
+}
+
 /* Evict A (it must succeed); the full synchronizes that took. */
 static uint64_t evict_syncs(struct env *e, const struct fs_alloc *a)
 {
@@ -1425,6 +1459,7 @@ int main(void)
         cmocka_unit_test(test_eviction_host_map_failure_keeps_data),
         cmocka_unit_test(test_plan_kept_allocations_are_evicted_last),
         cmocka_unit_test(test_plan_host_role_is_read_in_place),
+        cmocka_unit_test(test_plan_places_offloaded_on_host_when_made),
         cmocka_unit_test(test_stage_redirects_launches_and_writes_back),
         cmocka_unit_test(test_stage_synchronous_moves),
         cmocka_unit_test(test_prefetch_fingerprint_beside_the_link),
