@@ -1,13 +1,12 @@
 #include "engine.h"
 
+#include <dirent.h>
 #include <dlfcn.h>
 #include <errno.h>
-#include <fcntl.h>
 #include <pthread.h>
 #include <sched.h>
 #include <stdlib.h>
 #include <string.h>
-#include <unistd.h>
 
 #include "executor.h"
 #include "fs.h"
@@ -50,6 +49,7 @@ static struct {
     uint64_t open;
     pthread_t early;    /* fs_engine_start_early's thread */
     bool early_running; /* EARLY is to be joined */
+    bool early_began;   /* EARLY decided to start the engine (atomic) */
     struct fs_engine_stats stats;
 } eng = {.start_lock = PTHREAD_MUTEX_INITIALIZER, .pause_lock = PTHREAD_MUTEX_INITIALIZER};
 
@@ -418,29 +418,43 @@ static bool started(void)
     return __atomic_load_n(&eng.start_state, __ATOMIC_ACQUIRE) == STARTED;
 }
 
-/* Do this process's command and first argument begin RECORDED, a profile's command line (words
- * joined by spaces, recorder.c)? */
-static bool same_program(const char *recorded)
+/* Is exactly one device visible to this process? Told without initialising the driver where
+ * possible: a driver initialised now would ignore a CUDA_VISIBLE_DEVICES the program sets itself
+ * later, so with several GPUs and no CUDA_VISIBLE_DEVICES the answer is no at once. */
+static bool one_device_visible(void)
 {
-    char cmd[4096];
-    int fd = open("/proc/self/cmdline", O_RDONLY | O_CLOEXEC);
-    if (fd < 0)
-        return false;
-    ssize_t n = read(fd, cmd, sizeof(cmd) - 1);
-    close(fd);
-    if (n <= 0)
-        return false;
-    cmd[n] = '\0';
-    size_t len0 = strlen(cmd);
-    const char *arg1 = (ssize_t)len0 + 1 < n ? cmd + len0 + 1 : "";
-    size_t len1 = strlen(arg1);
-    if (strncmp(recorded, cmd, len0) != 0)
-        return false;
-    recorded += len0;
-    if (len1 == 0)
-        return *recorded == '\0' || *recorded == ' ';
-    return recorded[0] == ' ' && strncmp(recorded + 1, arg1, len1) == 0 &&
-           (recorded[1 + len1] == '\0' || recorded[1 + len1] == ' ');
+    const char *visible = getenv("CUDA_VISIBLE_DEVICES");
+    if (visible)
+        return visible[0] && !strchr(visible, ',');
+    DIR *d = opendir("/proc/driver/nvidia/gpus");
+    int gpus = 0;
+    for (struct dirent *e; d && (e = readdir(d));)
+        gpus += e->d_name[0] != '.';
+    if (d)
+        closedir(d);
+    int count = 0;
+    return gpus <= 1 && fs_device_cuda_count(&count) == FS_OK && count == 1;
+}
+
+/* A child forked once the early start began would inherit the start lock held by a thread it
+ * does not have, or a started engine without its threads and context: it runs unmanaged (a child
+ * forked before then starts the engine itself, as always). */
+static void early_start_forked_child(void)
+{
+    eng.early_running = false; /* the thread is the parent's */
+    if (!__atomic_load_n(&eng.early_began, __ATOMIC_ACQUIRE))
+        return;
+    pthread_mutex_t lock = PTHREAD_MUTEX_INITIALIZER;
+    eng.start_lock = lock;
+    eng.active = false;
+    __atomic_store_n(&eng.start_state, START_FAILED, __ATOMIC_RELEASE);
+}
+
+static int atfork_rc = -1;
+
+static void register_atfork(void)
+{
+    atfork_rc = pthread_atfork(NULL, NULL, early_start_forked_child);
 }
 
 static void *early_start_main(void *arg)
@@ -452,12 +466,12 @@ static void *early_start_main(void *arg)
     char err[512];
     if (fs_profile_load(fs_config_str(cfg, FS_P_PROFILE), &p, err, sizeof(err)) != FS_OK)
         return NULL; /* said when the engine starts and loads it */
-    bool ours = same_program(p.program);
+    bool ours = fs_rec_is_this_program(p.program);
     fs_profile_free(&p);
-    int ndev = 1;
     if (!ours || (!eng.dev_injected && cfg->v[FS_P_DEVICE].src == FS_SRC_DEFAULT &&
-                  (fs_device_cuda_count(&ndev) != FS_OK || ndev != 1)))
+                  !one_device_visible()))
         return NULL;
+    __atomic_store_n(&eng.early_began, true, __ATOMIC_RELEASE);
     FS_INFO("starting early: the profile is this program's; pinning what its plan offloads");
     ensure_started(-1);
     return NULL;
@@ -469,7 +483,16 @@ void fs_engine_start_early(void)
     if (!eng.active || !fs_config_str(cfg, FS_P_PROFILE)[0] ||
         fs_config_u64(cfg, FS_P_PIN_MODE) != 0)
         return;
+    static pthread_once_t once = PTHREAD_ONCE_INIT;
+    pthread_once(&once, register_atfork);
+    if (atfork_rc != 0)
+        return; /* a fork could deadlock the child: the engine starts at first use */
     eng.early_running = pthread_create(&eng.early, NULL, early_start_main, NULL) == 0;
+}
+
+bool fs_engine_started(void)
+{
+    return started();
 }
 
 /* ---- pausing launch tracking ------------------------------------------------------------------
@@ -710,7 +733,7 @@ void fs_engine_get_stats(struct fs_engine_stats *out)
     if (started())
         fs_res_get_stats(&eng.res, &out->res);
     fs_launch_get_stats(&out->launch);
-    if (eng.planning)
+    if (started() && eng.planning)
         fs_exec_get_stats(&eng.exec, &out->exec);
 }
 
@@ -722,7 +745,7 @@ void fs_engine_mark_iteration(void)
 
 void fs_engine_drain_moves(void)
 {
-    if (eng.planning)
+    if (started() && eng.planning)
         fs_exec_drain(&eng.exec);
 }
 

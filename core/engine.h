@@ -48,13 +48,20 @@ struct fs_tracker {
 void fs_engine_set_tracker(const struct fs_tracker *t);
 
 /* Start the engine now, on a thread of its own, when PROFILE names a profile recorded from this
- * program (the same command and first argument: not a helper process that inherited the
- * environment) and the device to manage is known (FLEXTENSOR_DEVICE set, or one device visible):
+ * program (fs_rec_same_program: the same command, options and script; not a helper process that
+ * inherited the environment) and the device to manage is known (FLEXTENSOR_DEVICE set, or one
+ * device visible):
  * the pinner then pins the host memory the plan needs while the program is still starting (the
  * driver pins at about 4 GB/s, and the program's CUDA calls wait behind it). Otherwise, and when
  * the profile cannot be read, the engine starts at first use as always. Called by the library
- * constructor, after fs_engine_init; the thread is joined by fs_engine_shutdown. */
+ * constructor, after fs_engine_init; the thread is joined by fs_engine_shutdown. A child forked
+ * once the early start began runs unmanaged. The driver is initialised during the program's
+ * imports then: a program that sets CUDA_VISIBLE_DEVICES itself, or forks children that use
+ * CUDA, should set PIN_MODE=on_demand. */
 void fs_engine_start_early(void);
+
+/* Has the engine started (successfully)? */
+bool fs_engine_started(void);
 
 /* Use DEV instead of opening the CUDA device (tests with the simulated device). */
 void fs_engine_use_device(struct fs_device *dev);

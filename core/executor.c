@@ -785,6 +785,8 @@ int fs_exec_note_alloc(struct fs_executor *x, uint64_t id, uint64_t size, const 
         rc = FS_ERR_NOT_FOUND;
     }
     pthread_mutex_unlock(&x->lock);
+    if (rc != FS_OK) /* the roles describe a plan that no longer runs */
+        fs_res_set_plan_roles(x->res, NULL, 0);
     return rc;
 }
 
@@ -986,6 +988,8 @@ bool fs_exec_take_give_up(struct fs_executor *x)
     bool g = x->gave_up;
     x->gave_up = false;
     pthread_mutex_unlock(&x->lock);
+    if (g) /* the roles describe a plan that no longer runs */
+        fs_res_set_plan_roles(x->res, NULL, 0);
     return g;
 }
 

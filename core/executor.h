@@ -213,8 +213,8 @@ static inline bool fs_exec_moves_nothing(const struct fs_executor *x)
 }
 
 /* A managed allocation of SIZE bytes with order ID was made. FS_ERR_NOT_FOUND when the profile
- * has another size for that order: the executor stops, and *WHY (optional) points to a line
- * saying which allocation differed. */
+ * has another size for that order: the executor stops and forgets the plan's roles (residency.h),
+ * and *WHY (optional) points to a line saying which allocation differed. */
 int fs_exec_note_alloc(struct fs_executor *x, uint64_t id, uint64_t size, const char **why);
 
 /* Launch T, scanned and not yet holding its references: follow the program, queue the
@@ -223,7 +223,8 @@ void fs_exec_launch_enter(struct fs_executor *x, struct fs_launch_ticket *t);
 /* After launch T was queued (or refused): queue the evictions planned after it. */
 void fs_exec_launch_exit(struct fs_executor *x, const struct fs_launch_ticket *t);
 
-/* True once after the executor gave up following a program that left its plan for good. */
+/* True once after the executor gave up following a program that left its plan for good (the
+ * plan's roles are then forgotten). */
 bool fs_exec_take_give_up(struct fs_executor *x);
 
 /* Wait until the mover has done every move queued so far (tests, shutdown). */

@@ -244,21 +244,53 @@ static void launch_times(struct fs_recorder *r, double *dur_us, double *host_us)
     free(host);
 }
 
-/* The program's command line, for show. */
-static void read_program(char *buf, size_t len)
+/* This process's command line as the kernel keeps it (each word ended by a NUL) into BUF; its
+ * length, 0 when it cannot be read. */
+static size_t read_cmdline(char *buf, size_t len)
 {
-    buf[0] = '\0';
     int fd = open("/proc/self/cmdline", O_RDONLY | O_CLOEXEC);
     if (fd < 0)
-        return;
+        return 0;
     ssize_t n = read(fd, buf, len - 1);
     close(fd);
     if (n <= 0)
-        return;
-    for (ssize_t i = 0; i < n - 1; i++)
+        return 0;
+    buf[n] = '\0';
+    return (size_t)n;
+}
+
+/* The program's command line, for show: its words joined by spaces. */
+static void read_program(char *buf, size_t len)
+{
+    size_t n = read_cmdline(buf, len);
+    for (size_t i = 0; i + 1 < n; i++)
         if (buf[i] == '\0')
             buf[i] = ' ';
     buf[n] = '\0';
+}
+
+bool fs_rec_same_program(const char *recorded, const char *cmdline, size_t len)
+{
+    const char *end = cmdline + len;
+    if (len == 0)
+        return false;
+    for (int k = 0; cmdline < end; k++) {
+        size_t wlen = strlen(cmdline);
+        if (strncmp(recorded, cmdline, wlen) != 0 || (recorded[wlen] != ' ' && recorded[wlen]))
+            return false;
+        if (k > 0 && cmdline[0] != '-')
+            return true; /* the script, module or first argument of the command */
+        recorded += wlen + (recorded[wlen] == ' ');
+        cmdline += wlen + 1;
+    }
+    return true; /* the command and its options alone, all the same */
+}
+
+bool fs_rec_is_this_program(const char *recorded)
+{
+    char cmd[4096];
+    size_t n = read_cmdline(cmd, sizeof(cmd));
+    return fs_rec_same_program(recorded, cmd, n);
 }
 
 int fs_rec_build_profile(struct fs_recorder *r, struct fs_profile *p)

@@ -140,6 +140,14 @@ void fs_rec_launch(struct fs_recorder *r, const void *func, uint64_t sig, fs_str
  * its time is measured from. */
 void fs_rec_launch_start(struct fs_recorder *r, fs_stream stream);
 
+/* Was RECORDED, a profile's program (the words of its command line joined by spaces), recorded
+ * from the command line CMDLINE (LEN bytes, each word ended by a NUL, as /proc/self/cmdline)? The
+ * words must be the same up to the first one after the command that is not an option (the
+ * script of "python3 -u train.py", the module of "python3 -m pkg"); later arguments may differ.
+ * fs_rec_is_this_program asks it of this process. */
+bool fs_rec_same_program(const char *recorded, const char *cmdline, size_t len);
+bool fs_rec_is_this_program(const char *recorded);
+
 /* Build the profile recorded so far (used by fs_rec_launch when profiling ends; exposed for
  * tests). Durations are left 0 when no iteration was timed. */
 int fs_rec_build_profile(struct fs_recorder *r, struct fs_profile *out);

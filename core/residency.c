@@ -735,6 +735,44 @@ static void list_remove(struct fs_residency *res, struct fs_alloc *a)
     last->index = a->index;
 }
 
+/* Map the new allocation A to a device block, evicting others for room (lock held). */
+static int place_on_device(struct fs_residency *res, struct fs_alloc *a)
+{
+    bool grow;
+    struct fs_block *b;
+    int rc = make_room(res, a->mapped, NULL, 0, &grow);
+    if (rc == FS_OK)
+        rc = fs_phys_pool_get(&res->dev_pool, a->mapped, grow, &b);
+    if (rc != FS_OK)
+        return rc;
+    rc = map_at(res, a, b);
+    if (rc != FS_OK) {
+        fs_phys_pool_put(&res->dev_pool, b);
+        return rc;
+    }
+    a->dev = b;
+    a->state = FS_RES_DEVICE;
+    return FS_OK;
+}
+
+/* Map the new allocation A to a pinned host block (lock held). */
+static int place_on_host(struct fs_residency *res, struct fs_alloc *a)
+{
+    struct fs_block *b;
+    int rc = host_block_get(res, a->mapped, &b);
+    if (rc != FS_OK)
+        return rc;
+    rc = map_at(res, a, b);
+    if (rc != FS_OK) {
+        fs_phys_pool_put(&res->host_pool, b);
+        return rc;
+    }
+    attach_host(res, a, b);
+    a->state = FS_RES_HOST;
+    STAT(res, placed_on_host, 1);
+    return FS_OK;
+}
+
 int fs_res_alloc(struct fs_residency *res, uint64_t size, fs_dptr *out)
 {
     if (size == 0)
@@ -750,37 +788,13 @@ int fs_res_alloc(struct fs_residency *res, uint64_t size, fs_dptr *out)
         return rc;
     }
     pthread_mutex_lock(&res->lock);
-    bool grow;
-    struct fs_block *b = NULL;
+    /* On the device while the budget allows, else on host, where it still works; one the plan
+     * offloads starts on host (and takes the device only if no host memory can be pinned). */
     bool host_first = res->next_id < (uint64_t)res->nplan_role &&
                       (res->plan_role[res->next_id] & FS_PLAN_START_ON_HOST);
-    rc = host_first ? FS_ERR_NOMEM : make_room(res, a->mapped, NULL, 0, &grow);
-    if (rc == FS_OK)
-        rc = fs_phys_pool_get(&res->dev_pool, a->mapped, grow, &b);
-    if (rc == FS_OK) {
-        rc = map_at(res, a, b);
-        if (rc == FS_OK) {
-            a->dev = b;
-            a->state = FS_RES_DEVICE;
-        } else {
-            fs_phys_pool_put(&res->dev_pool, b);
-        }
-    }
-    if (rc != FS_OK) {
-        /* Does not fit the budget (or the device), or the plan offloads it: it starts on host
-         * and still works. */
-        rc = host_block_get(res, a->mapped, &b);
-        if (rc == FS_OK) {
-            rc = map_at(res, a, b);
-            if (rc == FS_OK) {
-                attach_host(res, a, b);
-                a->state = FS_RES_HOST;
-                STAT(res, placed_on_host, 1);
-            } else {
-                fs_phys_pool_put(&res->host_pool, b);
-            }
-        }
-    }
+    rc = host_first ? place_on_host(res, a) : place_on_device(res, a);
+    if (rc != FS_OK)
+        rc = host_first ? place_on_device(res, a) : place_on_host(res, a);
     if (rc == FS_OK) {
         rc = list_add(res, a);
         if (rc != FS_OK)

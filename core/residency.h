@@ -229,10 +229,10 @@ int fs_res_evict_id(struct fs_residency *res, uint64_t id);
  *                   finds no copy reads it from host, never faults it in.
  * A role may carry FS_PLAN_START_ON_HOST: an allocation with that id not made yet is placed in
  * pinned host memory when it is made, not on the device, since the plan would only push it out
- * again (its next uses come from its prefetches or read it in place); without the flag a new
- * allocation takes the device while the budget allows, evicting others. A program that builds
- * its model under a plan then makes device blocks only for what the plan keeps, and evicts
- * nothing.
+ * again (its next uses come from its prefetches or read it in place); it takes the device only
+ * if no host memory can be pinned. Without the flag a new allocation takes the device while the
+ * budget allows, evicting others. A program that builds its model under a plan then evicts none
+ * of the allocations its iteration uses to make room for others.
  * Takes ROLE (malloc'd; freed with the next call or fs_res_destroy); NULL forgets them. */
 enum fs_plan_role { FS_PLAN_MOVED, FS_PLAN_KEPT, FS_PLAN_HOST, FS_PLAN_STAGED };
 enum { FS_PLAN_ROLE_MASK = 0x0f, FS_PLAN_START_ON_HOST = 0x10 };

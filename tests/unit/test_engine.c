@@ -5,6 +5,7 @@
 #include "device_sim.h"
 #include "engine.h"
 #include "profile.h"
+#include "recorder.h"
 #include "strategies/strategy.h"
 #include "test_util.h"
 
@@ -22,7 +23,9 @@ static struct fs_device *open_sim(void)
 
 static int tracker_refuses; /* ... and how it fails */
 
-static bool start_early; /* start() also calls fs_engine_start_early, as the library does */
+/* start() also calls fs_engine_start_early, as the library does, and then says in
+ * STARTED_EARLY whether the engine started within 2 s, before any allocation. */
+static bool start_early, started_early;
 
 static void start(struct fs_device *dev, char **envp)
 {
@@ -31,8 +34,12 @@ static void start(struct fs_device *dev, char **envp)
     fs_engine_teardown();
     fs_engine_use_device(dev);
     assert_int_equal(fs_engine_init(envp), FS_OK);
-    if (start_early)
-        fs_engine_start_early();
+    if (!start_early)
+        return;
+    fs_engine_start_early();
+    for (int i = 0; i < 200 && !fs_engine_started(); i++)
+        usleep(10000);
+    started_early = fs_engine_started();
 }
 
 static void stop(struct fs_device *dev)
@@ -553,6 +560,40 @@ static void test_plan_runs_from_saved_profile(void **state)
     unlink(path);
 }
 
+/* Which command lines a profile's program stands for: the same command, options and script (or
+ * first argument); later arguments may differ. */
+static void test_same_program(void **state)
+{
+    (void)state;
+    static const struct {
+        const char *recorded, *cmdline; /* the command line's words separated by '|' */
+        bool same;
+    } cases[] = {
+        {"python3 bench/bench.py --budget-pct 50", "python3|bench/bench.py|--budget-pct|25", true},
+        {"python3 bench/bench.py", "python3|bench/bench.pyx", false},
+        {"python3 bench/bench.pyx", "python3|bench/bench.py", false},
+        {"python3 -u train.py --lr 1", "python3|-u|train.py", true},
+        {"python3 -u train.py", "python3|-u|eval.py", false},
+        {"python3 -m pkg.run", "python3|-m|pkg.other", false},
+        {"python3", "python3|x.py", false},
+        {"./prog --size 4", "./prog", true},
+        {"./prog", "./prog2", false},
+        {"", "./prog", false},
+        {"./prog", "", false},
+    };
+    for (size_t i = 0; i < sizeof(cases) / sizeof(cases[0]); i++) {
+        char cmd[128];
+        size_t n = strlen(cases[i].cmdline);
+        memcpy(cmd, cases[i].cmdline, n + 1);
+        for (size_t k = 0; k < n; k++)
+            if (cmd[k] == '|')
+                cmd[k] = '\0';
+        size_t len = n ? n + 1 : 0; /* every word ends with a NUL, the last one too */
+        if (fs_rec_same_program(cases[i].recorded, cmd, len) != cases[i].same)
+            fail_msg("case %zu: '%s' against '%s'", i, cases[i].recorded, cases[i].cmdline);
+    }
+}
+
 /* A profile recorded from this program starts the engine as the library loads, on a thread of
  * its own (fs_engine_start_early), so the plan's host memory is pinned before the program's
  * first allocation; a profile of another program (another command) leaves the start to the first
@@ -576,6 +617,7 @@ static void test_early_start(void **state)
         start_early = true;
         struct fs_device *dev = start_logged(ours ? path : other, NULL, log_path, w, &act);
         start_early = false;
+        assert_int_equal(started_early, ours);
         assert_int_equal(run_program(dev, w, L, act, 8), 0);
         struct fs_engine_stats st;
         fs_engine_get_stats(&st);
@@ -1190,6 +1232,7 @@ int main(void)
         cmocka_unit_test(test_profile_recorded_and_planned),
         cmocka_unit_test(test_marked_iterations),
         cmocka_unit_test(test_plan_runs_from_saved_profile),
+        cmocka_unit_test(test_same_program),
         cmocka_unit_test(test_early_start),
         cmocka_unit_test(test_run_trace),
         cmocka_unit_test(test_plan_headroom),

@@ -938,6 +938,17 @@ static void test_plan_places_offloaded_on_host_when_made(void **state)
     assert_int_equal(after.host_served, before.host_served + 1);
     for (int i = 0; i < 4; i++)
         check(&e, v[i], sz, (uint32_t)i, i == 1);
+    /* No host memory to pin: it takes the device instead, where the budget still has room. */
+    static const uint8_t more[6] = {[5] = FS_PLAN_STAGED | FS_PLAN_START_ON_HOST};
+    fs_res_set_plan_roles(&e.res, kept(more, 6), 6);
+    fs_dptr spare, last;
+    assert_int_equal(fs_res_alloc(&e.res, 2 * MIB, &spare), FS_OK); /* id 4: no flag */
+    assert_int_equal(where(&e, spare), FS_LOC_DEVICE);
+    fs_sim_fail_nth(e.dev, FS_SIM_OP_PHYS_CREATE, 1, FS_ERR_NOMEM);
+    assert_int_equal(fs_res_alloc(&e.res, sz, &last), FS_OK); /* id 5 */
+    assert_int_equal(where(&e, last), FS_LOC_DEVICE);
+    fs_res_get_stats(&e.res, &after);
+    assert_int_equal(after.placed_on_host, 1);
     fs_res_set_plan_roles(&e.res, NULL, 0);
     env_close(&e);
 }
