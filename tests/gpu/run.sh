@@ -25,7 +25,8 @@
 #                 needed): median step time after 8 warm-up steps, ratio
 #   f  pause      tests/gpu/pause_test.py: a profile recorded at 4 GiB, then run from it at
 #                 PAUSE_LIMIT (its plan moves nothing: launch tracking pauses), outgrowing it at
-#                 the end (tracking resumes): output identical to the unshimmed run
+#                 the end (tracking resumes): output identical to the unshimmed run; the
+#                 profile is the program's, so the engine starts as the library loads
 # Every shimmed process runs with FLEXTENSOR_LOG_LEVEL=info and its own FLEXTENSOR_LOG_FILE; the
 # shim's exit counters (allocations / residency / launches) are extracted and printed.
 #
@@ -573,10 +574,11 @@ step_f() {
     cat "$d/shim.out"
     show_counters "$slog" "$WORK/pause.counters"
     grep -h "launch tracking\|tracking paused" "$slog" | cut -c1-400
-    local paused resumed
+    local paused resumed early
     paused=$(grep -c "launch tracking paused:" "$slog")
     resumed=$(grep -c "launch tracking resumed" "$slog")
-    local notes="exits $rc_ref/$rc_rec/$rc_shim, paused $paused, resumed $resumed"
+    early=$(grep -c "starting early" "$slog")
+    local notes="exits $rc_ref/$rc_rec/$rc_shim, paused $paused, resumed $resumed, early start $early"
     echo "total $(elapsed "$t0") s"
     if [ "$rc_ref" != 0 ] || [ "$rc_rec" != 0 ] || [ "$rc_shim" != 0 ] || [ ! -s "$d/prof.json" ]; then
         record f FAIL "a run failed or no profile; $notes"
@@ -584,6 +586,8 @@ step_f() {
         record f FAIL "outputs differ; $notes"
     elif [ "$paused" -lt 1 ] || [ "$resumed" -lt 1 ]; then
         record f FAIL "identical, but tracking did not pause and resume; $notes"
+    elif [ "$early" -lt 1 ]; then
+        record f FAIL "identical, but the engine did not start early from the program's profile; $notes"
     else
         record f PASS "identical; $notes"
     fi
