@@ -186,13 +186,17 @@ static bool take_plan(void *arg, struct fs_profile *p)
     return true;
 }
 
-/* Load the profile PATH for this device and BUDGET, planning it again when its plan was made
- * for another budget or strategy. False (said why) when it cannot be used: discovery runs. */
+/* Load the profile PATH for this device and BUDGET (or take LOADED, PATH as read already,
+ * leaving it empty), planning it again when its plan was made for another budget or strategy.
+ * False (said why) when it cannot be used: discovery runs. */
 static bool load_profile(const struct fs_config *cfg, const char *path, uint64_t budget,
-                         struct fs_profile *p)
+                         struct fs_profile *loaded, struct fs_profile *p)
 {
     char err[512];
-    if (fs_profile_load(path, p, err, sizeof(err)) != FS_OK) {
+    if (loaded) {
+        *p = *loaded;
+        memset(loaded, 0, sizeof(*loaded));
+    } else if (fs_profile_load(path, p, err, sizeof(err)) != FS_OK) {
         FS_WARN("%s; discovering the program instead", err);
         return false;
     }
@@ -268,7 +272,7 @@ static uint64_t plan_budget(const struct fs_config *cfg, uint64_t budget)
     return budget;
 }
 
-static int start_planning(const struct fs_config *cfg, uint64_t limit)
+static int start_planning(const struct fs_config *cfg, uint64_t limit, struct fs_profile *loaded)
 {
     uint64_t budget = plan_budget(cfg, limit);
     const char *in = fs_config_str(cfg, FS_P_PROFILE), *out = fs_config_str(cfg, FS_P_PROFILE_OUT);
@@ -281,7 +285,7 @@ static int start_planning(const struct fs_config *cfg, uint64_t limit)
                              (enum fs_offload_mode)fs_config_u64(cfg, FS_P_OFFLOAD_MODE),
                              fs_config_u64(cfg, FS_P_LATE_PREFETCH) == 1);
     struct fs_profile p = {0};
-    bool loaded = in[0] && load_profile(cfg, in, budget, &p);
+    bool from_profile = in[0] && load_profile(cfg, in, budget, loaded, &p);
     char strategy[32];
     struct fs_rec_config rec = {
         .discovery_iters = (int)fs_config_u64(cfg, FS_P_DISCOVERY_ITERS),
@@ -290,7 +294,7 @@ static int start_planning(const struct fs_config *cfg, uint64_t limit)
         .strategy = fs_config_choice(cfg, FS_P_STRATEGY, strategy, sizeof(strategy)),
         .out_path = out,
         .iteration_kernel = fs_config_str(cfg, FS_P_ITERATION_KERNEL),
-        .idle = loaded,
+        .idle = from_profile,
         .on_plan = take_plan,
     };
     rc = fs_rec_init(&eng.rec, eng.dev, &rec);
@@ -300,9 +304,9 @@ static int start_planning(const struct fs_config *cfg, uint64_t limit)
         return rc;
     }
     eng.planning = true;
-    if (loaded && p.plan.entries)
+    if (from_profile && p.plan.entries)
         prepin_offloaded(&p);
-    if (loaded && p.plan.entries && fs_exec_install(&eng.exec, &p) != FS_OK)
+    if (from_profile && p.plan.entries && fs_exec_install(&eng.exec, &p) != FS_OK)
         FS_WARN("%s: its plan does not fit its own profile; allocations are managed reactively",
                 in);
     fs_profile_free(&p);
@@ -318,7 +322,7 @@ static int device_to_manage(const struct fs_config *cfg, int want)
     return want;
 }
 
-static int start_locked(int want)
+static int start_locked(int want, struct fs_profile *loaded)
 {
     const struct fs_config *cfg = fs_engine_config();
     int ordinal = device_to_manage(cfg, want);
@@ -355,7 +359,7 @@ static int start_locked(int want)
     rc = fs_launch_init(eng.dev);
     if (rc != FS_OK)
         goto fail_res;
-    rc = start_planning(cfg, budget);
+    rc = start_planning(cfg, budget, loaded);
     if (rc != FS_OK)
         goto fail_launch;
     if (eng.tracker) {
@@ -395,8 +399,9 @@ fail_dev:
     return rc;
 }
 
-/* Start on first use (WANT: the device the call is about, -1 unknown); FS_OK once started. */
-static int ensure_started(int want)
+/* Start unless started or failed (WANT: the device the call is about, -1 unknown; LOADED: the
+ * PROFILE as read already, or NULL); FS_OK once started. */
+static int start_once(int want, struct fs_profile *loaded)
 {
     int state = __atomic_load_n(&eng.start_state, __ATOMIC_ACQUIRE);
     if (FS_LIKELY(state == STARTED))
@@ -406,11 +411,17 @@ static int ensure_started(int want)
     pthread_mutex_lock(&eng.start_lock);
     state = __atomic_load_n(&eng.start_state, __ATOMIC_ACQUIRE);
     if (state == NOT_STARTED) {
-        state = start_locked(want) == FS_OK ? STARTED : START_FAILED;
+        state = start_locked(want, loaded) == FS_OK ? STARTED : START_FAILED;
         __atomic_store_n(&eng.start_state, state, __ATOMIC_RELEASE);
     }
     pthread_mutex_unlock(&eng.start_lock);
     return state == STARTED ? FS_OK : FS_ERR_UNSUPPORTED;
+}
+
+/* Start on first use. */
+static int ensure_started(int want)
+{
+    return start_once(want, NULL);
 }
 
 static bool started(void)
@@ -466,14 +477,13 @@ static void *early_start_main(void *arg)
     char err[512];
     if (fs_profile_load(fs_config_str(cfg, FS_P_PROFILE), &p, err, sizeof(err)) != FS_OK)
         return NULL; /* said when the engine starts and loads it */
-    bool ours = fs_rec_is_this_program(p.program);
+    if (fs_rec_is_this_program(p.program) &&
+        (eng.dev_injected || cfg->v[FS_P_DEVICE].src != FS_SRC_DEFAULT || one_device_visible())) {
+        __atomic_store_n(&eng.early_began, true, __ATOMIC_RELEASE);
+        FS_INFO("starting early: the profile is this program's; pinning what its plan offloads");
+        start_once(-1, &p); /* takes P, unless the program's first call started the engine */
+    }
     fs_profile_free(&p);
-    if (!ours || (!eng.dev_injected && cfg->v[FS_P_DEVICE].src == FS_SRC_DEFAULT &&
-                  !one_device_visible()))
-        return NULL;
-    __atomic_store_n(&eng.early_began, true, __ATOMIC_RELEASE);
-    FS_INFO("starting early: the profile is this program's; pinning what its plan offloads");
-    ensure_started(-1);
     return NULL;
 }
 
@@ -847,12 +857,16 @@ static void log_remaps(const struct fs_res_stats *r)
             (double)r->remap_ns[FS_REMAP_UNMAP][FS_LOC_HOST] / 1e6);
 }
 
+static void join_early_start(void)
+{
+    if (eng.early_running)
+        pthread_join(eng.early, NULL);
+    eng.early_running = false;
+}
+
 void fs_engine_shutdown(void)
 {
-    if (eng.early_running) {
-        pthread_join(eng.early, NULL);
-        eng.early_running = false;
-    }
+    join_early_start();
     struct fs_engine_stats s;
     fs_engine_get_stats(&s);
     warn_if_nothing_seen(&s);
@@ -908,8 +922,7 @@ void fs_engine_shutdown(void)
 
 void fs_engine_teardown(void)
 {
-    if (eng.early_running)
-        pthread_join(eng.early, NULL);
+    join_early_start();
     if (started()) {
         stop_planning();
         fs_launch_shutdown();

@@ -244,10 +244,11 @@ static void launch_times(struct fs_recorder *r, double *dur_us, double *host_us)
     free(host);
 }
 
-/* This process's command line as the kernel keeps it (each word ended by a NUL) into BUF; its
- * length, 0 when it cannot be read. */
+/* This process's command line as the kernel keeps it (each word ended by a NUL) into BUF, with
+ * one more NUL after it; its length, 0 when it cannot be read. */
 static size_t read_cmdline(char *buf, size_t len)
 {
+    buf[0] = '\0';
     int fd = open("/proc/self/cmdline", O_RDONLY | O_CLOEXEC);
     if (fd < 0)
         return 0;
@@ -266,7 +267,6 @@ static void read_program(char *buf, size_t len)
     for (size_t i = 0; i + 1 < n; i++)
         if (buf[i] == '\0')
             buf[i] = ' ';
-    buf[n] = '\0';
 }
 
 bool fs_rec_same_program(const char *recorded, const char *cmdline, size_t len)
