@@ -175,6 +175,13 @@ static void format_bytes(uint64_t v, char *buf, size_t len)
 }
 
 /* The recorder hands over a finished plan. */
+/* The recorder's fingerprints of the managed allocations (the residency takes them). */
+static int fingerprint_allocs(void *arg, struct fs_fp *fp, bool *known, int n)
+{
+    (void)arg;
+    return fs_res_fingerprint_all(&eng.res, fp, known, n);
+}
+
 static bool take_plan(void *arg, struct fs_profile *p)
 {
     (void)arg;
@@ -296,6 +303,7 @@ static int start_planning(const struct fs_config *cfg, uint64_t limit, struct fs
         .iteration_kernel = fs_config_str(cfg, FS_P_ITERATION_KERNEL),
         .idle = from_profile,
         .on_plan = take_plan,
+        .fingerprint = fingerprint_allocs,
     };
     rc = fs_rec_init(&eng.rec, eng.dev, &rec);
     if (rc != FS_OK) {

@@ -21,6 +21,8 @@ struct fs_prof_alloc {
     uint64_t mapped;    /* bytes the allocation occupies on the device (granularity-rounded) */
     int first_use;      /* first launch of the iteration that references it, -1 if none */
     int last_use;       /* last such launch, -1 if none */
+    bool unchanged;     /* measured while profiling: the iteration left its bytes as they were,
+                         * so evicting it needs no write-back (false: not known, or changed) */
 };
 
 struct fs_prof_launch {

@@ -4,7 +4,8 @@
  *   "flexshim_profile": FS_PROFILE_SCHEMA_VERSION,
  *   "device":      {"name", "cc": [major, minor], "total_bytes", "driver_version"},
  *   "program":     "...",
- *   "allocations": [{"order", "size", "mapped", "first_use", "last_use"}, ...],
+ *   "allocations": [{"order", "size", "mapped", "first_use", "last_use",
+ *                    "unchanged" (optional, false when absent)}, ...],
  *   "launches":    [{"kernel": "0x<16 hex digits>", "name" (optional), "stream", "duration_us",
  *                    "host_us" (optional, 0 when absent), "refs": [allocation indices]}, ...],
  *   "bandwidth":   {"h2d_latency_us", "h2d_bytes_per_us", "d2h_latency_us", "d2h_bytes_per_us",
@@ -289,6 +290,10 @@ static bool parse_allocs(struct rd *r, json_t *arr, struct fs_profile *p)
             !get_int(r, o, w, "first_use", -1, last, &a->first_use) ||
             !get_int(r, o, w, "last_use", -1, last, &a->last_use))
             return false;
+        json_t *unchanged = json_object_get(o, "unchanged");
+        if (unchanged && !json_is_boolean(unchanged))
+            return fail(r, FS_ERR_CONFIG, "%s.unchanged must be true or false", w);
+        a->unchanged = json_is_true(unchanged);
         if (a->mapped < a->size)
             return fail(r, FS_ERR_CONFIG,
                         "%s.mapped (%" PRIu64 ") is smaller than its size (%" PRIu64 ")", w,
@@ -782,6 +787,8 @@ static json_t *build_doc(const struct fs_profile *p, struct wr *w)
         put_u64(w, o, where, "mapped", a->mapped);
         put(w, o, "first_use", json_integer(a->first_use));
         put(w, o, "last_use", json_integer(a->last_use));
+        if (a->unchanged)
+            put(w, o, "unchanged", json_true());
     }
 
     json_t *launches = json_array();

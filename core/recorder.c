@@ -37,6 +37,8 @@ int fs_rec_init(struct fs_recorder *r, struct fs_device *dev, const struct fs_re
         return rc;
     r->on_plan = cfg->on_plan;
     r->on_plan_arg = cfg->on_plan_arg;
+    r->fingerprint = cfg->fingerprint;
+    r->fingerprint_arg = cfg->fingerprint_arg;
     pthread_mutex_init(&r->lock, NULL);
     __atomic_store_n(&r->phase, cfg->idle ? FS_REC_DONE : FS_REC_DISCOVERY, __ATOMIC_RELEASE);
     return FS_OK;
@@ -46,6 +48,11 @@ static void free_events(struct fs_recorder *r)
 {
     free(r->host_us);
     r->host_us = NULL;
+    free(r->fp);
+    free(r->fp_known);
+    r->fp = NULL;
+    r->fp_known = NULL;
+    r->fp_n = 0;
     if (!r->events)
         return;
     for (int i = 0; i < 2 * r->period * r->profiling_iters; i++)
@@ -164,6 +171,38 @@ static bool rejected(const struct fs_recorder *r, int period)
     return false;
 }
 
+/* Profiling begins: the allocations' fingerprints now, to compare with those at its end (lock
+ * held). Without them (no callback, no memory, fingerprints off) no allocation is unchanged. */
+static void take_first_fingerprints(struct fs_recorder *r)
+{
+    int n = r->nallocs;
+    if (!r->fingerprint || n == 0)
+        return;
+    r->fp = malloc((size_t)n * sizeof(*r->fp));
+    r->fp_known = malloc((size_t)n * sizeof(*r->fp_known));
+    if (r->fp && r->fp_known && r->fingerprint(r->fingerprint_arg, r->fp, r->fp_known, n) == FS_OK)
+        r->fp_n = n;
+}
+
+/* Profiling is over (the device synchronized): an allocation whose fingerprint is the one it had
+ * when profiling began, an iteration or more ago, is marked unchanged in P: the plan's model
+ * evicts it without a write-back, as the engine will (its fingerprint will match). */
+static void mark_unchanged(struct fs_recorder *r, struct fs_profile *p)
+{
+    int n = r->fp_n < p->nallocs ? r->fp_n : p->nallocs, same = 0;
+    struct fs_fp *now = n > 0 ? malloc((size_t)n * sizeof(*now)) : NULL;
+    bool *known = n > 0 ? malloc((size_t)n * sizeof(*known)) : NULL;
+    if (now && known && r->fingerprint(r->fingerprint_arg, now, known, n) == FS_OK)
+        for (int a = 0; a < n; a++) {
+            p->allocs[a].unchanged = r->fp_known[a] && known[a] && fs_fp_equal(r->fp[a], now[a]);
+            same += p->allocs[a].unchanged;
+        }
+    free(now);
+    free(known);
+    FS_INFO("profiling: %d of %d allocations were left unchanged by the iteration (evicting them "
+            "needs no write-back)", same, p->nallocs);
+}
+
 /* The iteration was found: keep launches [START, START + PERIOD) as the template (lock held). */
 static int begin_profiling(struct fs_recorder *r, int start, int period, int n_in_buffer)
 {
@@ -191,6 +230,7 @@ static int begin_profiling(struct fs_recorder *r, int start, int period, int n_i
         k += l.nrefs;
         r->tmpl[i] = l;
     }
+    take_first_fingerprints(r);
     r->period = period;
     r->pos = (r->nlaunches - start) % period; /* where the program is now */
     r->counting = r->pos == 0;
@@ -323,8 +363,9 @@ int fs_rec_build_profile(struct fs_recorder *r, struct fs_profile *p)
         return FS_ERR_NOMEM;
     }
     for (int a = 0; a < r->nallocs; a++)
-        p->allocs[a] = (struct fs_prof_alloc){(uint64_t)a, r->alloc_size[a], r->alloc_mapped[a],
-                                              -1, -1};
+        p->allocs[a] = (struct fs_prof_alloc){.order = (uint64_t)a, .size = r->alloc_size[a],
+                                              .mapped = r->alloc_mapped[a], .first_use = -1,
+                                              .last_use = -1};
     if (r->iters_timed > 0)
         launch_times(r, dur, host);
     uint32_t stream_ids[64];
@@ -464,6 +505,7 @@ static void finish(struct fs_recorder *r)
         FS_WARN("profiling: building the profile failed (%s); no profile saved", fs_err_str(rc));
         return;
     }
+    mark_unchanged(r, &p);
     if (fs_rec_measure_link(r->dev, &p.bw) != FS_OK)
         FS_WARN("profiling: measuring the host-to-device link failed; the plan assumes 55 GB/s");
     const struct fs_strategy *st = fs_strategy_find(r->strategy);

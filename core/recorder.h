@@ -26,6 +26,7 @@
 #include <stdint.h>
 
 #include "device.h"
+#include "fingerprint.h"
 #include "iteration.h"
 #include "profile.h"
 
@@ -34,6 +35,10 @@
 /* Called (recorder locked) with the finished profile and its plan; returns true when it took
  * the profile (then emptied it). */
 typedef bool (*fs_rec_plan_fn)(void *arg, struct fs_profile *p);
+
+/* Fingerprints of the managed allocations 0 .. N-1 as they are once the work queued so far is
+ * done: FP[a] where KNOWN[a] (fs_res_fingerprint_all). Not FS_OK: none is used. */
+typedef int (*fs_rec_fingerprint_fn)(void *arg, struct fs_fp *fp, bool *known, int n);
 
 enum fs_rec_phase { FS_REC_OFF, FS_REC_DISCOVERY, FS_REC_PROFILING, FS_REC_DONE };
 
@@ -97,6 +102,13 @@ struct fs_recorder {
     int nrejected;
     fs_rec_plan_fn on_plan;
     void *on_plan_arg;
+    /* the allocations' fingerprints when profiling began (fp_n of them; 0: none taken): those
+     * the same at its end are marked unchanged in the profile */
+    fs_rec_fingerprint_fn fingerprint;
+    void *fingerprint_arg;
+    struct fs_fp *fp;
+    bool *fp_known;
+    int fp_n;
 };
 
 struct fs_rec_config {
@@ -108,6 +120,8 @@ struct fs_rec_config {
     bool idle;               /* start done, not discovering (a saved profile runs instead) */
     fs_rec_plan_fn on_plan;  /* optional: who runs the plan */
     void *on_plan_arg;
+    fs_rec_fingerprint_fn fingerprint; /* optional: without it no allocation is unchanged */
+    void *fingerprint_arg;
 };
 
 int fs_rec_init(struct fs_recorder *r, struct fs_device *dev, const struct fs_rec_config *cfg);

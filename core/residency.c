@@ -452,6 +452,28 @@ static int fp_take(struct fs_residency *res, fs_dptr va, uint64_t size, fs_strea
     return FS_OK;
 }
 
+int fs_res_fingerprint_all(struct fs_residency *res, struct fs_fp *fp, bool *known, int n)
+{
+    for (int i = 0; i < n; i++)
+        known[i] = false;
+    pthread_mutex_lock(&res->lock);
+    int rc = res->fp_parts ? fs_dev_call(res->dev, ctx_sync) : FS_ERR_UNSUPPORTED;
+    fs_stream stream = res->fp_side ? res->fp_side : res->h2d;
+    for (int k = 0; rc == FS_OK && k < res->nallocs; k++) {
+        struct fs_alloc *a = res->allocs[k];
+        if (!a || a->id >= (uint64_t)n || LOAD(&a->state) == FS_RES_MOVING)
+            continue;
+        /* a stage holds the current bytes: launches were redirected to it */
+        fs_dptr va = LOAD(&a->stage_va) ? LOAD(&a->stage_va) : a->va;
+        int one = fp_take(res, va, a->mapped, stream, &fp[a->id]);
+        if (one == FS_ERR_UNSUPPORTED)
+            rc = one;
+        known[a->id] = one == FS_OK;
+    }
+    pthread_mutex_unlock(&res->lock);
+    return rc;
+}
+
 /* Make A's host block hold the bytes of its device block (mapped at A's VA, or A's stage), with
  * the write-back finished: skipped when the device bytes' fingerprint equals the one of the host
  * copy (invariant 3's check), else copied, and the fingerprint then describes the new host copy.

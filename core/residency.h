@@ -354,6 +354,13 @@ void fs_res_freeze_alloc(struct fs_residency *res, fs_dptr va);
 /* Launch tracking resumed: new allocations are managed as usual again (the frozen stay so). */
 void fs_res_stop_freezing(struct fs_residency *res);
 
+/* The fingerprints of the managed allocations with ids below N as their bytes are once the device
+ * has finished the work queued so far (the device is synchronized): FP[id] where KNOWN[id]; not
+ * known when the allocation is not live, is moving, or its fingerprint failed. The recorder takes
+ * two, an iteration or more apart, to learn which allocations the iteration leaves unchanged.
+ * FS_ERR_UNSUPPORTED when fingerprints are off (WRITEBACK=always, or the device cannot). */
+int fs_res_fingerprint_all(struct fs_residency *res, struct fs_fp *fp, bool *known, int n);
+
 /* Device bytes managed allocations hold now (pool, used and cached). */
 uint64_t fs_res_device_bytes(struct fs_residency *res);
 

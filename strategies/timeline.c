@@ -22,28 +22,29 @@
  *
  * Time: the model simulates two consecutive iterations on three resources, each FIFO:
  *   compute: launch i starts at max(end of launch i-1, the moment the program queues it, ready
- *            time of every offloaded allocation it references) and takes duration_us. The
- *            program queues launch i once its host time (host_us of launches 0..i, when the
- *            profile measured it) has passed since the iteration began: a program that waits for
- *            each iteration's result, as a decode loop does. Streams are not modelled: launches
- *            run one after another in queue order.
- *   H2D link (prefetches): the prefetch of a window starting at p is issued when launch p is
- *            about to be queued: at the end of launch p-1 (for p = 0, the end of the previous
- *            iteration's last launch: the iteration start), or when the program queues launch p
- *            if that is later. It starts at
- *                max(issue time, H2D link free, D2H link free at the issue time)
- *            i.e. after every write-back queued so far (all evictions after launches up to p-1,
- *            in this iteration or, wrapping, the previous one) has ended: their memory is what it
- *            moves into. It takes fs_bw_h2d_us(mapped); its end is the allocation's ready time.
+ *            time of every offloaded allocation it references). Streams are not modelled:
+ *            launches run one after another in queue order.
+ *   the program: it queues launch i once its host time before it (host_us, when the profile
+ *            measured it) has passed since it queued launch i-1, counted from the iteration's
+ *            start (a program that waits for each iteration's result, as a decode loop does);
+ *            and, as the engine's launch hook makes it, not before the prefetch of every
+ *            offloaded allocation launch i references has begun: the host time of the launches
+ *            after such a wait comes after it.
+ *   H2D link (prefetches): the prefetch of a window starting at p begins (is issued) when the
+ *            program is about to queue launch p and the memory it moves into is free: every
+ *            eviction after launches up to p-1 (in this iteration or, wrapping, the previous
+ *            one) has freed its memory. The copy starts at max(that, H2D link free) and takes
+ *            fs_bw_h2d_us(mapped); its end is the allocation's ready time.
  *            Prefetches issued at the same launch queue in order of their next use (cyclic
  *            distance from p to first_use), then allocation index.
- *   D2H link (write-backs): when launch evict_after ends, the allocation is copied back to the
- *            host: it starts at max(that end, D2H link free), takes fs_bw_d2h_us(mapped), and its
- *            device memory is free when it ends. Write-backs after the same launch queue in
- *            allocation order. Every eviction writes back (the model knows nothing of unchanged
- *            data).
- * Because a prefetch waits for every earlier write-back, the bytes physically held at any moment
- * never exceed peak_bytes.
+ *   D2H link (write-backs): when launch evict_after ends, an allocation the iteration changes
+ *            is copied back to the host: it starts at max(that end, D2H link free), takes
+ *            fs_bw_d2h_us(mapped), and its device memory is free when it ends. Write-backs after
+ *            the same launch queue in allocation order. An allocation profiling found unchanged
+ *            (fs_prof_alloc.unchanged) needs none, as the engine's fingerprint check will show:
+ *            its memory is free when launch evict_after ends.
+ * Because a prefetch begins only after every earlier eviction has freed its memory, the bytes
+ * physically held at any moment never exceed peak_bytes.
  * Iteration 0 starts at time 0 with empty links, the resident allocations present and the
  * offloaded ones whose window wraps present and ready (their prefetch belonged to iteration -1);
  * every other offloaded allocation is fetched by its own prefetch. predicted_us is the duration of
@@ -139,7 +140,7 @@ static int evaluate(const struct fs_profile *p, struct fs_plan *plan, double *st
     int64_t *diff = NULL;
     struct pf_item *pf = NULL;
     int *pf_start = NULL, *ev_start = NULL, *ev_list = NULL;
-    double *ready = NULL;
+    double *ready = NULL, *begun = NULL;
     uint64_t base = 0;
     int npf = 0;
 
@@ -149,7 +150,8 @@ static int evaluate(const struct fs_profile *p, struct fs_plan *plan, double *st
     ev_start = calloc((size_t)n + 2, sizeof(*ev_start));
     ev_list = calloc((size_t)na + 1, sizeof(*ev_list));
     ready = calloc((size_t)na + 1, sizeof(*ready));
-    if (!diff || !pf || !pf_start || !ev_start || !ev_list || !ready) {
+    begun = calloc((size_t)na + 1, sizeof(*begun));
+    if (!diff || !pf || !pf_start || !ev_start || !ev_list || !ready || !begun) {
         rc = FS_ERR_NOMEM;
         goto out;
     }
@@ -226,7 +228,7 @@ static int evaluate(const struct fs_profile *p, struct fs_plan *plan, double *st
     if (stall_by_alloc)
         for (int a = 0; a < na; a++)
             stall_by_alloc[a] = 0.0;
-    double t = 0.0, h2d_free = 0.0, d2h_free = 0.0, iter0_end = 0.0;
+    double t = 0.0, h2d_free = 0.0, d2h_free = 0.0, room_free = 0.0, iter0_end = 0.0;
     for (int iter = 0; iter < 2; iter++) {
         const bool report = emit && iter == 1;
         double issue = t; /* the program's host time: it queues launch i no earlier than this */
@@ -235,7 +237,8 @@ static int evaluate(const struct fs_profile *p, struct fs_plan *plan, double *st
             issue += l->host_us;
             for (int k = pf_start[i]; k < pf_start[i + 1]; k++) {
                 int a = pf[k].alloc;
-                double s = max2(max2(t, issue), max2(h2d_free, d2h_free));
+                begun[a] = max2(issue, room_free);
+                double s = max2(begun[a], h2d_free);
                 h2d_free = s + fs_bw_h2d_us(&p->bw, p->allocs[a].mapped);
                 ready[a] = h2d_free;
                 if (report)
@@ -245,11 +248,17 @@ static int evaluate(const struct fs_profile *p, struct fs_plan *plan, double *st
                                                .end_us = h2d_free - iter0_end},
                          sink_arg);
             }
+            /* The program's thread waits in the launch hook until the prefetches of the
+             * allocations this launch references have begun (each begins before it is ready,
+             * so the launch's start is unchanged by it), and its later host time comes after. */
             double queued = max2(t, issue), start = queued;
             int culprit = -1;
             for (int r = l->ref_start; r < l->ref_start + l->nrefs; r++) {
                 int a = p->refs[r];
-                if (!plan->entries[a].resident && ready[a] > start) {
+                if (plan->entries[a].resident)
+                    continue;
+                issue = max2(issue, begun[a]);
+                if (ready[a] > start) {
                     start = ready[a];
                     culprit = a;
                 }
@@ -265,8 +274,13 @@ static int evaluate(const struct fs_profile *p, struct fs_plan *plan, double *st
             t = start + l->duration_us;
             for (int k = ev_start[i]; k < ev_start[i + 1]; k++) {
                 int a = ev_list[k];
+                if (p->allocs[a].unchanged) { /* no write-back: free when its last launch ends */
+                    room_free = max2(room_free, t);
+                    continue;
+                }
                 double s = max2(t, d2h_free);
                 d2h_free = s + fs_bw_d2h_us(&p->bw, p->allocs[a].mapped);
+                room_free = max2(room_free, d2h_free);
                 if (report)
                     sink(&(struct fs_tl_event){.lane = FS_TL_D2H, .launch = i, .alloc = a,
                                                .bytes = p->allocs[a].mapped,
@@ -290,6 +304,7 @@ out:
     free(ev_start);
     free(ev_list);
     free(ready);
+    free(begun);
     return rc;
 }
 

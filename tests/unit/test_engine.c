@@ -225,6 +225,17 @@ static void check_mark(void *ctx, void *const *ptrs, int nptrs)
         (*c->errors)++;
 }
 
+/* The head kernel writes the activations (a step counter in their first word), so that they
+ * change every iteration while the weights do not. */
+static void bump(void *ctx, void *const *ptrs, int nptrs)
+{
+    (void)ctx;
+    uint64_t n;
+    memcpy(&n, ptrs[0], sizeof(n));
+    n += (uint64_t)nptrs;
+    memcpy(ptrs[0], &n, sizeof(n));
+}
+
 /* The program's allocations: activations (56 MiB) then NLAYERS weights (2 MiB, or WSIZE2 for
  * the third), each weight marked with its layer number + 1. Small, so that the copies the
  * simulator makes stay cheap under valgrind; the smallest budget is 64 MiB. */
@@ -323,7 +334,7 @@ static int run_marked_program(struct fs_device *dev, uint64_t *w, int nlayers, u
             fs_dptr ptrs[1] = {params[0]};
             uint64_t sizes[1] = {64};
             assert_int_equal(fs_sim_launch(dev, s, head ? 50000 : 100000 + 10000 * (uint64_t)l,
-                                           ptrs, sizes, 1, head ? NULL : check_mark,
+                                           ptrs, sizes, 1, head ? bump : check_mark,
                                            head ? NULL : &checks[l]),
                              FS_OK);
             report_exit(&t);
@@ -409,6 +420,11 @@ static void test_profile_recorded_and_planned(void **state)
     assert_true(host > 0);
     assert_int_equal(p.allocs[0].mapped, 56 * MIB);
     assert_true(p.allocs[1].first_use >= 0);
+    /* Profiling fingerprinted every allocation at its start and end: the weights were left as
+     * they were (evicting them needs no write-back), the activations were written. */
+    assert_false(p.allocs[0].unchanged);
+    for (int a = 1; a <= L; a++)
+        assert_true(p.allocs[a].unchanged);
     /* The plan: made by the configured strategy for the budget less the default headroom (at
      * most 1/32 of the limit), and valid. */
     assert_string_equal(p.plan.strategy, "global");

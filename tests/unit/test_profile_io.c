@@ -120,10 +120,10 @@ static void rich_fill(struct rich *r)
     p->driver_version = 13000;
     snprintf(p->program, sizeof(p->program), "python train.py --steps 10 --name \"x y\"");
 
-    r->allocs[0] = (struct fs_prof_alloc){3, 5 * GiB + 7, 5 * GiB + 2 * MiB, 0, 4};
-    r->allocs[1] = (struct fs_prof_alloc){7, 1000, 2 * MiB, 0, 1};
-    r->allocs[2] = (struct fs_prof_alloc){8, 4096, 2 * MiB, -1, -1};
-    r->allocs[3] = (struct fs_prof_alloc){12, 1ULL << 40, 1ULL << 40, 2, 4};
+    r->allocs[0] = (struct fs_prof_alloc){3, 5 * GiB + 7, 5 * GiB + 2 * MiB, 0, 4, false};
+    r->allocs[1] = (struct fs_prof_alloc){7, 1000, 2 * MiB, 0, 1, true};
+    r->allocs[2] = (struct fs_prof_alloc){8, 4096, 2 * MiB, -1, -1, false};
+    r->allocs[3] = (struct fs_prof_alloc){12, 1ULL << 40, 1ULL << 40, 2, 4, true};
     p->nallocs = 4;
     p->allocs = r->allocs;
 
@@ -181,6 +181,7 @@ static void assert_profiles_equal(const struct fs_profile *a, const struct fs_pr
         assert_true(a->allocs[i].size == b->allocs[i].size);
         assert_true(a->allocs[i].mapped == b->allocs[i].mapped);
         assert_int_equal(a->allocs[i].first_use, b->allocs[i].first_use);
+        assert_int_equal(a->allocs[i].unchanged, b->allocs[i].unchanged);
         assert_int_equal(a->allocs[i].last_use, b->allocs[i].last_use);
     }
     assert_int_equal(a->nlaunches, b->nlaunches);
@@ -760,6 +761,7 @@ static void test_load_inconsistent_uses(void **state)
          "allocations[3].first_use is 1 but the first launch referring to it is 2"},
         {"allocations[0]", "mapped", 0, "1",
          "allocations[0].mapped (1) is smaller than its size (5368709127)"},
+        {"allocations[1]", "unchanged", 0, "1", "allocations[1].unchanged must be true or false"},
     };
     run_edits(t->path, edits, FS_ARRAY_LEN(edits));
 }

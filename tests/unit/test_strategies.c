@@ -350,6 +350,11 @@ static void hand_profile(struct builder *b)
     exact_link(&b->p);
 }
 
+static void count_d2h(const struct fs_tl_event *ev, void *arg)
+{
+    *(int *)arg += ev->lane == FS_TL_D2H;
+}
+
 static void test_evaluate_hand_example(void **state)
 {
     (void)state;
@@ -443,6 +448,95 @@ static void test_evaluate_wrapped_prefetch(void **state)
     plan.entries[0] = (struct fs_plan_entry){false, 1, 0};
     assert_int_equal(fs_plan_evaluate(&b.p, &plan), FS_OK);
     assert_true(plan.predicted_stall_us == 0.0);
+    fs_plan_free(&plan);
+    fs_profile_free(&b.p);
+}
+
+/* The hand example with A and B unchanged by the iteration (profiling saw the same fingerprint):
+ * their evictions need no write-back, so their memory is free when their last launch ends.
+ * Iteration 0: A up 0..1024, L0 0..1000, L1 1024..1324 (A free), B up 1324..2348, L2 2348..4348.
+ * Iteration 1 (from 4348): A up 4348..5372, L0 ..5348, L1 waits for A: 5372..5672; B up
+ * 5672..6696, L2 6696..8696: 4348 us, stall 1048 = 24 (A) + 1024 (B), and no write-back. */
+static void test_evaluate_unchanged_needs_no_write_back(void **state)
+{
+    (void)state;
+    struct builder b;
+    struct fs_plan plan;
+    double stall[3];
+    hand_profile(&b);
+    b.p.allocs[0].unchanged = b.p.allocs[1].unchanged = true;
+    plan_alloc(&plan, 3, 8 * MIB);
+    plan.entries[0] = (struct fs_plan_entry){false, 0, 1};
+    plan.entries[1] = (struct fs_plan_entry){false, 2, 2};
+    plan.entries[2] = (struct fs_plan_entry){true, -1, -1};
+    assert_int_equal(fs_plan_evaluate_ex(&b.p, &plan, stall), FS_OK);
+    assert_true(fabs(plan.predicted_us - 4348.0) < 1e-9);
+    assert_true(fabs(plan.predicted_stall_us - 1048.0) < 1e-9);
+    assert_true(fabs(stall[0] - 24.0) < 1e-9);
+    assert_true(fabs(stall[1] - 1024.0) < 1e-9);
+    int d2h = 0;
+    assert_int_equal(fs_plan_evaluate_trace(&b.p, &plan, count_d2h, &d2h), FS_OK);
+    assert_int_equal(d2h, 0);
+    /* A changed one still writes back, as before. */
+    b.p.allocs[1].unchanged = false;
+    assert_int_equal(fs_plan_evaluate_trace(&b.p, &plan, count_d2h, &d2h), FS_OK);
+    assert_int_equal(d2h, 1);
+    assert_true(plan.predicted_us > 4348.0);
+    fs_plan_free(&plan);
+    fs_profile_free(&b.p);
+}
+
+/* The program's thread waits in the launch hook until the prefetches its launch needs have begun,
+ * and the host time of its later launches comes after that wait. Launches of 5000, 100 and 100
+ * us, with 10, 10 and 3000 us of host time before them; A (used by L0) and B (used by L1), 2 MiB
+ * each and unchanged, share 2 MiB of budget: B begins when L0 ends.
+ * Iteration 0: A up 10..1034, L0 1034..6034; B up 6034..7058 (the thread waits until 6034 at
+ * L1), L1 7058..7158; L2 is queued 3000 us after the wait: 9034..9134.
+ * Iteration 1 (from 9134): A up 9144..10168, L0 10168..15168; B up 15168..16192, L1 ..16292; L2
+ * 18168..18268: 9134 us. (Host time counted from the iteration's start instead, as if the thread
+ * never waited, would queue L2 at 12154, before L1 ends: 7158 us.) */
+static void test_evaluate_host_waits_for_prefetch(void **state)
+{
+    (void)state;
+    struct builder b;
+    struct fs_plan plan;
+    b_init(&b, 3, 2, 100.0, 2 * MIB);
+    b.p.launches[0].duration_us = 5000.0;
+    b.p.launches[0].host_us = b.p.launches[1].host_us = 10.0;
+    b.p.launches[2].host_us = 3000.0;
+    b_use(&b, 0, 0);
+    b_use(&b, 1, 1);
+    b_finish(&b);
+    exact_link(&b.p);
+    b.p.allocs[0].unchanged = b.p.allocs[1].unchanged = true;
+    plan_alloc(&plan, 2, 2 * MIB);
+    plan.entries[0] = (struct fs_plan_entry){false, 0, 0};
+    plan.entries[1] = (struct fs_plan_entry){false, 1, 1};
+    assert_int_equal(fs_plan_evaluate(&b.p, &plan), FS_OK);
+    assert_true(plan.peak_bytes == 2 * MIB);
+    assert_true(fabs(plan.predicted_us - 9134.0) < 1e-9);
+    fs_plan_free(&plan);
+    fs_profile_free(&b.p);
+}
+
+/* Greedy offloads the largest first; among allocations of one size it takes them spread over the
+ * iteration (bit-reversed order of first use), not the first ones made: with 8 weights of one
+ * layer each and room for 4 of them, every other layer stays resident, so the program's time
+ * on the resident layers overlaps the copies of the next offloaded one. */
+static void test_greedy_spreads_equal_sizes(void **state)
+{
+    (void)state;
+    struct builder b;
+    struct fs_plan plan;
+    b_init(&b, 8, 8, 100.0, 2 * MIB);
+    for (int i = 0; i < 8; i++)
+        b_use(&b, i, i);
+    b_finish(&b);
+    exact_link(&b.p);
+    assert_int_equal(fs_strategy_greedy.plan(&b.p, 10 * MIB, &plan), FS_OK);
+    check_plan(&b.p, &plan, 10 * MIB);
+    for (int a = 0; a < 8; a++)
+        assert_int_equal(plan.entries[a].resident, a % 2 == 1);
     fs_plan_free(&plan);
     fs_profile_free(&b.p);
 }
@@ -1101,6 +1195,9 @@ int main(void)
         cmocka_unit_test(test_evaluate_hand_example),
         cmocka_unit_test(test_evaluate_with_host_time),
         cmocka_unit_test(test_evaluate_wrapped_prefetch),
+        cmocka_unit_test(test_evaluate_unchanged_needs_no_write_back),
+        cmocka_unit_test(test_evaluate_host_waits_for_prefetch),
+        cmocka_unit_test(test_greedy_spreads_equal_sizes),
         cmocka_unit_test(test_evaluate_rejects_bad_plans),
         cmocka_unit_test(test_profile_check),
         cmocka_unit_test(test_evaluate_no_launches),
