@@ -708,10 +708,11 @@ int fs_exec_install(struct fs_executor *x, struct fs_profile *p)
                                              [FS_OFFLOAD_REDIRECT] = FS_PLAN_STAGED};
     uint8_t *role = malloc((size_t)sp->nallocs + 1);
     for (int a = 0; role && a < sp->nallocs; a++) {
-        bool host_first = !moves_nothing && sp->allocs[a].first_use >= 0;
-        role[a] = sp->plan.entries[a].resident
-                      ? FS_PLAN_KEPT
-                      : offloaded_role[x->mode] | (host_first ? FS_PLAN_START_ON_HOST : 0);
+        const struct fs_plan_entry *e = &sp->plan.entries[a];
+        bool used = sp->allocs[a].first_use >= 0, host_first = !moves_nothing && used;
+        /* one the plan reads in place is served from host memory in every mode */
+        uint8_t off = used && fs_entry_in_place(e) ? FS_PLAN_HOST : offloaded_role[x->mode];
+        role[a] = e->resident ? FS_PLAN_KEPT : off | (host_first ? FS_PLAN_START_ON_HOST : 0);
     }
     fs_res_set_plan_roles(x->res, role, sp->nallocs);
     pthread_mutex_lock(&x->lock);
@@ -947,7 +948,10 @@ void fs_exec_launch_enter(struct fs_executor *x, struct fs_launch_ticket *t)
         bool planned = a->id < (uint64_t)x->prof.nallocs &&
                        present_at(&x->prof.plan.entries[a->id], cur);
         if (!planned) {
-            if (x->mode != FS_OFFLOAD_HOST_READ) /* else read in place (residency counts it) */
+            /* read in place where the plan or the mode says so (residency counts it) */
+            if (x->mode != FS_OFFLOAD_HOST_READ &&
+                !(a->id < (uint64_t)x->prof.nallocs &&
+                  fs_entry_in_place(&x->prof.plan.entries[a->id])))
                 x->stats.unplanned++;
             continue;
         }

@@ -46,11 +46,20 @@ struct fs_bw_point {
 struct fs_bw_model {
     double h2d_latency_us, h2d_bytes_per_us;
     double d2h_latency_us, d2h_bytes_per_us;
+    /* the most bytes a kernel can read per microsecond of its duration: FS_READ_BOUND_COPIES x
+     * the device-to-device copy rate measured with the link (a copy reads and writes each byte;
+     * the factor leaves room for kernels that read faster); 0: not measured, then a kernel may
+     * read all it references */
+    double read_bytes_per_us;
     int npoints;
     struct fs_bw_point *points;
 };
 
-/* One allocation's place in the plan. */
+#define FS_READ_BOUND_COPIES 3.0
+
+/* One allocation's place in the plan. An offloaded allocation the iteration uses, with
+ * prefetch_at = evict_after = -1, is read in place: it stays in host memory and its launches
+ * read it there, over the link (worth it when they read a small part of it). */
 struct fs_plan_entry {
     bool resident;    /* stays on the device for the whole iteration */
     int prefetch_at;  /* offloaded: its prefetch is issued when this launch is about to be queued

@@ -9,10 +9,12 @@
  *   "launches":    [{"kernel": "0x<16 hex digits>", "name" (optional), "stream", "duration_us",
  *                    "host_us" (optional, 0 when absent), "refs": [allocation indices]}, ...],
  *   "bandwidth":   {"h2d_latency_us", "h2d_bytes_per_us", "d2h_latency_us", "d2h_bytes_per_us",
+ *                   "read_bytes_per_us" (optional, 0 when absent),
  *                   "points": [{"bytes", "h2d_us", "d2h_us"}, ...]},
  *   "plan" (absent before planning):
  *                  {"strategy", "budget", "predicted_us", "predicted_stall_us", "peak_bytes",
- *                   "entries": [{"resident": true} or {"prefetch_at": i, "evict_after": j}, ...]}
+ *                   "entries": [{"resident": true} or {"prefetch_at": i, "evict_after": j}
+ *                               (-1 and -1: not used, or read in place), ...]}
  *
  * Byte counts are JSON integers (at most 2^63 - 1); the kernel hash is a hex string because JSON
  * readers lose integer precision above 2^53. Saving checks the document with the same code that
@@ -452,7 +454,9 @@ static bool parse_bandwidth(struct rd *r, json_t *root, struct fs_profile *p)
     if (!o || !get_number(r, o, "bandwidth", "h2d_latency_us", &bw->h2d_latency_us) ||
         !get_number(r, o, "bandwidth", "h2d_bytes_per_us", &bw->h2d_bytes_per_us) ||
         !get_number(r, o, "bandwidth", "d2h_latency_us", &bw->d2h_latency_us) ||
-        !get_number(r, o, "bandwidth", "d2h_bytes_per_us", &bw->d2h_bytes_per_us))
+        !get_number(r, o, "bandwidth", "d2h_bytes_per_us", &bw->d2h_bytes_per_us) ||
+        (json_object_get(o, "read_bytes_per_us") &&
+         !get_number(r, o, "bandwidth", "read_bytes_per_us", &bw->read_bytes_per_us)))
         return false;
     json_t *pts = get_array(r, o, "bandwidth", "points", PIO_MAX_POINTS);
     if (!pts)
@@ -517,11 +521,21 @@ static bool parse_plan(struct rd *r, json_t *root, struct fs_profile *p)
             pe->prefetch_at = pe->evict_after = -1;
             continue;
         }
-        /* An offloaded allocation no launch uses needs no prefetch or eviction point (-1). */
-        int lo = p->allocs[i].first_use < 0 ? -1 : 0;
-        if (!get_int(r, e, w, "prefetch_at", lo, p->nlaunches - 1, &pe->prefetch_at) ||
-            !get_int(r, e, w, "evict_after", lo, p->nlaunches - 1, &pe->evict_after))
+        /* No prefetch or eviction point (-1): an offloaded allocation no launch uses, or one the
+         * plan reads in place. */
+        if (!get_int(r, e, w, "prefetch_at", -1, p->nlaunches - 1, &pe->prefetch_at) ||
+            !get_int(r, e, w, "evict_after", -1, p->nlaunches - 1, &pe->evict_after))
             return false;
+        if ((pe->prefetch_at < 0) != (pe->evict_after < 0))
+            return fail(r, FS_ERR_CONFIG,
+                        "%s: prefetch_at and evict_after must both be -1 (read in place) or both "
+                        "launch indices, not %d and %d",
+                        w, pe->prefetch_at, pe->evict_after);
+        if (p->allocs[i].first_use < 0 && pe->prefetch_at >= 0)
+            return fail(r, FS_ERR_CONFIG,
+                        "%s: allocation %zu is used by no launch, so its prefetch_at and "
+                        "evict_after must be -1",
+                        w, i);
     }
     return true;
 }
@@ -828,6 +842,8 @@ static json_t *build_doc(const struct fs_profile *p, struct wr *w)
         put_real(w, b, "bandwidth", "h2d_bytes_per_us", bw->h2d_bytes_per_us);
         put_real(w, b, "bandwidth", "d2h_latency_us", bw->d2h_latency_us);
         put_real(w, b, "bandwidth", "d2h_bytes_per_us", bw->d2h_bytes_per_us);
+        if (bw->read_bytes_per_us > 0)
+            put_real(w, b, "bandwidth", "read_bytes_per_us", bw->read_bytes_per_us);
         json_t *pts = json_array();
         put(w, b, "points", pts);
         for (int i = 0; pts && i < bw->npoints && w->ok; i++) {

@@ -434,7 +434,7 @@ static int time_copy(struct fs_device *dev, fs_stream s, fs_event e0, fs_event e
 int fs_rec_measure_link(struct fs_device *dev, struct fs_bw_model *bw)
 {
     static const uint64_t sizes[2] = {8ull << 20, 64ull << 20};
-    struct fs_block *h = NULL, *d = NULL;
+    struct fs_block *h = NULL, *d = NULL, *d2 = NULL;
     fs_stream s = NULL;
     fs_event e0 = NULL, e1 = NULL;
     memset(bw, 0, sizeof(*bw));
@@ -474,6 +474,12 @@ int fs_rec_measure_link(struct fs_device *dev, struct fs_bw_model *bw)
             bw->h2d_latency_us = 0;
         if (bw->d2h_latency_us < 0)
             bw->d2h_latency_us = 0;
+        /* The device's own copy rate bounds what a kernel can read (read_bytes_per_us); without
+         * it (no second block) nothing is read in place. */
+        double us = 0;
+        if (fs_phys_block_create(dev, FS_LOC_DEVICE, sizes[1], &d2) == FS_OK &&
+            time_copy(dev, s, e0, e1, d2->copy_va, d->copy_va, sizes[1], &us) == FS_OK && us > 0)
+            bw->read_bytes_per_us = FS_READ_BOUND_COPIES * (double)sizes[1] / us;
     } else {
         free(bw->points);
         memset(bw, 0, sizeof(*bw)); /* the strategies then assume the measured PCIe default */
@@ -484,6 +490,8 @@ int fs_rec_measure_link(struct fs_device *dev, struct fs_bw_model *bw)
         fs_dev_call(dev, event_destroy, e0);
     if (s)
         fs_dev_call(dev, stream_destroy, s);
+    if (d2)
+        fs_phys_block_release(dev, d2);
     if (d)
         fs_phys_block_release(dev, d);
     if (h)

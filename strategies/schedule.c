@@ -143,10 +143,19 @@ static void cyc_add(struct segtree *st, int lo, int hi, int64_t v)
 
 /* ---- the scheduler ------------------------------------------------------------------------ */
 
+#define FS_IN_PLACE_MIN_BYTES (64ull << 20)
+
+/* Does allocation A get a window: offloaded, used, not read in place? */
+static bool windowed(const struct fs_profile *p, const bool *resident, const bool *in_place, int a)
+{
+    return !resident[a] && p->allocs[a].first_use >= 0 && !(in_place && in_place[a]);
+}
+
 /* Per-launch bytes of the offloaded allocations' use ranges into HELD (n), resident bytes into
- * *RES. Returns resident + the most held. */
-static uint64_t core_bytes(const struct fs_profile *p, const bool *resident, int64_t *held,
-                           uint64_t *res)
+ * *RES; those IN_PLACE marks (optional) are read in place and hold none. Returns resident + the
+ * most held. */
+static uint64_t core_bytes(const struct fs_profile *p, const bool *resident, const bool *in_place,
+                           int64_t *held, uint64_t *res)
 {
     const int n = p->nlaunches;
     uint64_t r = 0;
@@ -156,7 +165,7 @@ static uint64_t core_bytes(const struct fs_profile *p, const bool *resident, int
         const struct fs_prof_alloc *al = &p->allocs[a];
         if (resident[a]) {
             r += al->mapped;
-        } else if (al->first_use >= 0) {
+        } else if (al->first_use >= 0 && !(in_place && in_place[a])) {
             held[al->first_use] += (int64_t)al->mapped;
             if (al->last_use + 1 < n)
                 held[al->last_use + 1] -= (int64_t)al->mapped;
@@ -179,13 +188,16 @@ uint64_t fs_schedule_need(const struct fs_profile *p, const bool *resident)
     int64_t *held = calloc((size_t)p->nlaunches + 1, sizeof(*held));
     if (!held)
         return UINT64_MAX;
-    need = core_bytes(p, resident, held, &res);
+    need = core_bytes(p, resident, NULL, held, &res);
     free(held);
     return need;
 }
 
-int fs_schedule(const struct fs_profile *p, uint64_t budget, const bool *resident, int lookahead,
-                struct fs_plan_entry *entries, uint64_t *need_out)
+/* fs_schedule, where the offloaded allocations IN_PLACE marks (optional) are read in place:
+ * no window, no room. */
+static int schedule(const struct fs_profile *p, uint64_t budget, const bool *resident,
+                    const bool *in_place, int lookahead, struct fs_plan_entry *entries,
+                    uint64_t *need_out)
 {
     if (!p || !resident || !entries || p->nlaunches < 0 || p->nallocs < 0 ||
         (p->nallocs > 0 && !p->allocs))
@@ -215,7 +227,7 @@ int fs_schedule(const struct fs_profile *p, uint64_t budget, const bool *residen
             goto out;
         }
     }
-    uint64_t need = core_bytes(p, resident, held, &res);
+    uint64_t need = core_bytes(p, resident, in_place, held, &res);
     if (need_out)
         *need_out = need;
     if (need > budget) {
@@ -230,7 +242,7 @@ int fs_schedule(const struct fs_profile *p, uint64_t budget, const bool *residen
         e->resident = resident[a];
         e->prefetch_at = -1;
         e->evict_after = -1;
-        if (!resident[a] && p->allocs[a].first_use >= 0) {
+        if (windowed(p, resident, in_place, a)) {
             count[p->allocs[a].first_use + 1]++;
             nord++;
         }
@@ -240,7 +252,7 @@ int fs_schedule(const struct fs_profile *p, uint64_t budget, const bool *residen
     for (int i = 0; i < n; i++)
         count[i + 1] += count[i];
     for (int a = 0; a < na; a++)
-        if (!resident[a] && p->allocs[a].first_use >= 0)
+        if (windowed(p, resident, in_place, a))
             order[count[p->allocs[a].first_use]++] = a;
 
     st.n = n;
@@ -302,13 +314,62 @@ out:
     return rc;
 }
 
+int fs_schedule(const struct fs_profile *p, uint64_t budget, const bool *resident, int lookahead,
+                struct fs_plan_entry *entries, uint64_t *need_out)
+{
+    return schedule(p, budget, resident, NULL, lookahead, entries, need_out);
+}
+
+/* The offloaded allocations that RESIDENT leaves to be moved and whose launches cannot read
+ * three quarters of them (fs_read_in_place_bytes): candidates to be read in place. Only those of
+ * FS_IN_PLACE_MIN_BYTES or more: a smaller one may sit in the GPU's L2 cache (60 MB on an H200)
+ * and be read faster than the bound assumes. Returns how many, marked in IN_PLACE (nallocs). */
+static int sparse_offloaded(const struct fs_profile *p, const bool *resident, bool *in_place,
+                            double *read)
+{
+    if (!(p->bw.read_bytes_per_us > 0.0))
+        return 0;
+    for (int a = 0; a < p->nallocs; a++)
+        read[a] = 0.0;
+    for (int i = 0; i < p->nlaunches; i++) {
+        const struct fs_prof_launch *l = &p->launches[i];
+        for (int r = l->ref_start; r < l->ref_start + l->nrefs; r++)
+            read[p->refs[r]] += fs_read_in_place_bytes(p, p->refs[r], l->duration_us);
+    }
+    int k = 0;
+    for (int a = 0; a < p->nallocs; a++) {
+        in_place[a] = !resident[a] && fs_alloc_used(p, a) &&
+                      p->allocs[a].mapped >= FS_IN_PLACE_MIN_BYTES &&
+                      read[a] < 0.75 * (double)p->allocs[a].mapped;
+        k += in_place[a];
+    }
+    return k;
+}
+
 int fs_schedule_plan(const struct fs_profile *p, const bool *resident, int lookahead,
                      struct fs_plan *plan, uint64_t *need)
 {
     int rc = fs_schedule(p, plan->budget, resident, lookahead, plan->entries, need);
+    if (rc == FS_OK)
+        rc = fs_plan_evaluate(p, plan);
     if (rc != FS_OK)
         return rc;
-    return fs_plan_evaluate(p, plan);
+    /* The same resident set with the sparse allocations read in place, when that is faster. */
+    bool *in_place = malloc(((size_t)p->nallocs + 1) * sizeof(*in_place));
+    double *read = malloc(((size_t)p->nallocs + 1) * sizeof(*read));
+    struct fs_plan trial = *plan;
+    trial.entries = malloc(((size_t)p->nallocs + 1) * sizeof(*trial.entries));
+    if (in_place && read && trial.entries && sparse_offloaded(p, resident, in_place, read) > 0 &&
+        schedule(p, plan->budget, resident, in_place, lookahead, trial.entries, NULL) == FS_OK &&
+        fs_plan_evaluate(p, &trial) == FS_OK && trial.predicted_us < plan->predicted_us) {
+        struct fs_plan_entry *e = plan->entries;
+        *plan = trial;
+        trial.entries = e;
+    }
+    free(trial.entries);
+    free(read);
+    free(in_place);
+    return FS_OK;
 }
 
 uint64_t fs_plan_offloaded_bytes(const struct fs_profile *p, const struct fs_plan *plan)

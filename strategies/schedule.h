@@ -77,6 +77,16 @@ int fs_schedule_plan(const struct fs_profile *p, const bool *resident, int looka
 /* Does the cyclic window [PF, EV] of a plan entry contain the launches [F, L] as one piece? */
 bool fs_window_covers(int pf, int ev, int f, int l);
 
+/* Bytes of allocation A that a launch of DURATION_US can read at most (the profile's
+ * read_bytes_per_us bound; all of it when that was not measured). */
+double fs_read_in_place_bytes(const struct fs_profile *p, int a, double duration_us);
+
+/* Is E an offloaded allocation's entry that reads it in place (no window)? */
+static inline bool fs_entry_in_place(const struct fs_plan_entry *e)
+{
+    return !e->resident && e->prefetch_at < 0;
+}
+
 /* Does allocation A appear in some launch? */
 static inline bool fs_alloc_used(const struct fs_profile *p, int a)
 {

@@ -59,6 +59,8 @@ struct fs_tl_event {
     double wait_us;  /* compute: how long it waited for that prefetch (its stall); else 0 */
     bool fault_in;   /* H2D in a replay: queued by the program's thread (a fault-in), not by
                       * the plan's mover */
+    bool in_place;   /* H2D: launch LAUNCH reading its allocations that the plan reads in place
+                      * (ALLOC: the first of them; BYTES: what it reads at most), not a copy */
 };
 
 typedef void (*fs_tl_sink)(const struct fs_tl_event *ev, void *arg);

@@ -15,6 +15,10 @@
  * allocation no launch uses (first_use == -1) has prefetch_at = evict_after = -1 and holds
  * nothing. `resident` entries ignore prefetch_at and evict_after.
  *
+ * An offloaded allocation that some launch uses, with prefetch_at = evict_after = -1, is read in
+ * place (fs_entry_in_place): it holds no device memory and is never moved; each launch that
+ * references it reads over the link what it can read in its duration (fs_read_in_place_bytes).
+ *
  * Memory: the bytes held during launch i are the resident bytes plus the offloaded allocations
  * whose window contains i; peak_bytes is their maximum over i (the resident bytes when N = 0).
  * The plan is invalid (FS_ERR_INVALID) if peak_bytes > budget, if a window does not contain its
@@ -23,7 +27,9 @@
  * Time: the model simulates two consecutive iterations on three resources, each FIFO:
  *   compute: launch i starts at max(end of launch i-1, the moment the program queues it, ready
  *            time of every offloaded allocation it references). Streams are not modelled:
- *            launches run one after another in queue order.
+ *            launches run one after another in queue order. Its reads in place cross the H2D
+ *            link from its start: it takes at least their transfer time, and the copies behind
+ *            them start that much later.
  *   the program: it queues launch i once its host time before it (host_us, when the profile
  *            measured it) has passed since it queued launch i-1, counted from the iteration's
  *            start (a program that waits for each iteration's result, as a decode loop does);
@@ -53,7 +59,8 @@
  * predicted_stall_us = predicted_us - fs_profile_resident_us (the iteration with everything
  * resident: kernels and the program's host time): the time compute waits for transfers.
  * The stall of iteration 1 at launch i (its start minus the end of launch i-1) is charged to the
- * referenced allocation with the latest ready time (fs_plan_evaluate_ex). fs_plan_evaluate_trace
+ * referenced allocation with the latest ready time, and the time its reads in place add to it to
+ * the first allocation read in place (fs_plan_evaluate_ex). fs_plan_evaluate_trace
  * reports iteration 1's launches, prefetches and write-backs as intervals (what
  * `flexshim-profile trace` draws). */
 #include <math.h>
@@ -172,6 +179,8 @@ static int evaluate(const struct fs_profile *p, struct fs_plan *plan, double *st
             continue;
         }
         int pa = e->prefetch_at, ev = e->evict_after;
+        if (pa == -1 && ev == -1)
+            continue; /* read in place: holds no device memory */
         if (pa < 0 || pa >= n || ev < 0 || ev >= n ||
             !fs_window_covers(pa, ev, al->first_use, al->last_use)) {
             rc = FS_ERR_INVALID;
@@ -218,7 +227,7 @@ static int evaluate(const struct fs_profile *p, struct fs_plan *plan, double *st
             cursor[i] = ev_start[i];
         for (int a = 0; a < na; a++) {
             const struct fs_plan_entry *e = &plan->entries[a];
-            if (!e->resident && p->allocs[a].first_use >= 0)
+            if (!e->resident && p->allocs[a].first_use >= 0 && !fs_entry_in_place(e))
                 ev_list[cursor[e->evict_after]++] = a;
         }
     }
@@ -251,27 +260,50 @@ static int evaluate(const struct fs_profile *p, struct fs_plan *plan, double *st
             /* The program's thread waits in the launch hook until the prefetches of the
              * allocations this launch references have begun (each begins before it is ready,
              * so the launch's start is unchanged by it), and its later host time comes after. */
-            double queued = max2(t, issue), start = queued;
-            int culprit = -1;
+            double queued = max2(t, issue), start = queued, in_place = 0.0;
+            int culprit = -1, first_in_place = -1;
             for (int r = l->ref_start; r < l->ref_start + l->nrefs; r++) {
                 int a = p->refs[r];
                 if (plan->entries[a].resident)
                     continue;
+                if (fs_entry_in_place(&plan->entries[a])) {
+                    in_place += fs_read_in_place_bytes(p, a, l->duration_us);
+                    if (first_in_place < 0)
+                        first_in_place = a;
+                    continue;
+                }
                 issue = max2(issue, begun[a]);
                 if (ready[a] > start) {
                     start = ready[a];
                     culprit = a;
                 }
             }
+            /* Reads in place cross the link: the launch takes at least their transfer time,
+             * and the copies after them wait that much longer. */
+            double dur = l->duration_us;
+            if (in_place > 0.0) {
+                double link = fs_bw_h2d_us(&p->bw, (uint64_t)in_place);
+                if (report)
+                    sink(&(struct fs_tl_event){.lane = FS_TL_H2D, .launch = i,
+                                               .alloc = first_in_place, .in_place = true,
+                                               .bytes = (uint64_t)in_place,
+                                               .start_us = start - iter0_end,
+                                               .end_us = start + link - iter0_end},
+                         sink_arg);
+                h2d_free = max2(h2d_free, start) + link;
+                dur = max2(dur, link);
+                if (iter == 1 && stall_by_alloc)
+                    stall_by_alloc[first_in_place] += dur - l->duration_us;
+            }
             if (iter == 1 && stall_by_alloc && culprit >= 0)
                 stall_by_alloc[culprit] += start - queued;
             if (report)
                 sink(&(struct fs_tl_event){.lane = FS_TL_COMPUTE, .launch = i, .alloc = culprit,
                                            .start_us = start - iter0_end,
-                                           .end_us = start + l->duration_us - iter0_end,
+                                           .end_us = start + dur - iter0_end,
                                            .wait_us = start - queued},
                      sink_arg);
-            t = start + l->duration_us;
+            t = start + dur;
             for (int k = ev_start[i]; k < ev_start[i + 1]; k++) {
                 int a = ev_list[k];
                 if (p->allocs[a].unchanged) { /* no write-back: free when its last launch ends */
@@ -306,6 +338,12 @@ out:
     free(ready);
     free(begun);
     return rc;
+}
+
+double fs_read_in_place_bytes(const struct fs_profile *p, int a, double duration_us)
+{
+    double all = (double)p->allocs[a].mapped, bound = duration_us * p->bw.read_bytes_per_us;
+    return p->bw.read_bytes_per_us > 0.0 && bound < all ? bound : all;
 }
 
 double fs_profile_resident_us(const struct fs_profile *p)

@@ -30,7 +30,7 @@
 #include "record.h"
 #include "executor.h"
 #include "replay.h"
-#include "strategies/strategy.h"
+#include "strategies/schedule.h"
 
 extern char **environ;
 
@@ -402,7 +402,8 @@ static uint64_t moved_bytes(const struct fs_profile *p, const struct fs_plan *pl
 {
     uint64_t t = 0;
     for (int a = 0; a < p->nallocs; a++)
-        if (!plan->entries[a].resident && p->allocs[a].first_use >= 0)
+        if (!plan->entries[a].resident && p->allocs[a].first_use >= 0 &&
+            !fs_entry_in_place(&plan->entries[a]))
             t += p->allocs[a].mapped;
     return t;
 }
@@ -496,9 +497,9 @@ static int eval_saved_plan(const struct fs_profile *p, struct fs_plan *eval, fs_
             continue;
         }
         int pf = e->prefetch_at, ev = e->evict_after;
-        bool covers = pf <= ev ? pf <= al->first_use && al->last_use <= ev
-                               : al->last_use <= ev || al->first_use >= pf;
-        if (!covers) {
+        if (pf == -1 && ev == -1)
+            continue; /* read in place */
+        if (!fs_window_covers(pf, ev, al->first_use, al->last_use)) {
             snprintf(why, len,
                      "plan.entries[%d]: the window from launch %d (prefetch_at) to launch %d "
                      "(evict_after) does not contain the allocation's uses, launches %d to %d",
@@ -789,6 +790,15 @@ static int show_run(int argc, char **argv)
     if (host > 0)
         printf("host      %.3f ms per iteration in the program between its launches (its own "
                "time, flexshim's left out)\n", ms(host));
+    int same = 0;
+    for (int i = 0; i < p.nallocs; i++)
+        same += p.allocs[i].unchanged;
+    printf("unchanged %d of %d allocations were left as they were by the iteration (evicting them "
+           "needs no write-back)\n", same, p.nallocs);
+    if (p.bw.read_bytes_per_us > 0.0)
+        printf("reads     a kernel reads at most %.1f GB/s of its allocations (%.0f x the device's "
+               "copy rate): the bound for reading in place\n",
+               p.bw.read_bytes_per_us / 1000.0, FS_READ_BOUND_COPIES);
     show_sizes(&p);
 
     rc = EXIT_OK;
@@ -800,8 +810,8 @@ static int show_run(int argc, char **argv)
             error(c->name, "profile %s: %s; plan it again", a.file, why);
             rc = EXIT_CHECK_FAILED;
         } else {
-            int nres = 0, noff = 0;
-            uint64_t res = 0, off = 0;
+            int nres = 0, noff = 0, nin = 0;
+            uint64_t res = 0, off = 0, in = 0;
             for (int i = 0; i < p.nallocs; i++) {
                 if (p.plan.entries[i].resident) {
                     nres++;
@@ -809,6 +819,10 @@ static int show_run(int argc, char **argv)
                 } else {
                     noff++;
                     off += p.allocs[i].mapped;
+                    if (p.allocs[i].first_use >= 0 && fs_entry_in_place(&p.plan.entries[i])) {
+                        nin++;
+                        in += p.allocs[i].mapped;
+                    }
                 }
             }
             printf("\nplan      %s at budget %s, peak %s\n", p.plan.strategy,
@@ -816,6 +830,9 @@ static int show_run(int argc, char **argv)
             printf("  resident   %6d allocations %12.1f MiB\n", nres, mib(res));
             printf("  offloaded  %6d allocations %12.1f MiB (%.1f MiB moved per iteration)\n",
                    noff, mib(off), mib(moved_bytes(&p, &p.plan)));
+            if (nin > 0)
+                printf("  of them    %6d allocations %12.1f MiB read in place (their launches "
+                       "read them in host memory)\n", nin, mib(in));
             printf("  predicted step %.3f ms: compute %.3f ms + stall %.3f ms\n",
                    ms(p.plan.predicted_us), ms(compute), ms(p.plan.predicted_stall_us));
             note_prediction(a.file, &p.plan, &eval);
@@ -871,8 +888,9 @@ static void simulate_help(FILE *out)
           "One row per budget and strategy:\n"
           "  predicted ms   the step time of one iteration under the plan\n"
           "  stall ms       of which compute waits for prefetches\n"
-          "  offloaded MiB  B: bytes of the offloaded allocations launches use (moved every\n"
-          "                 iteration)\n"
+          "  offloaded MiB  B: bytes of the offloaded allocations launches use that the plan\n"
+          "                 moves every iteration (those it reads in place are not counted:\n"
+          "                 their launches read what they need in host memory)\n"
           "  peak MiB       the most device bytes the plan holds at any launch\n"
           "  limit ms       L = max(C, B/W): C the iteration with everything resident (the kernel\n"
           "                 durations, and the program's host time between launches where the\n"
@@ -1210,8 +1228,11 @@ static void trace_sink(const struct fs_tl_event *ev, void *arg)
     bool h2d = ev->lane == FS_TL_H2D;
     char name[96];
     snprintf(name, sizeof(name), "%s alloc %d (%.1f MiB)",
-             !h2d ? "write-back" : ev->fault_in ? "fault-in" : "prefetch", ev->alloc,
-             mib(ev->bytes));
+             !h2d           ? "write-back"
+             : ev->in_place ? "read in place:"
+             : ev->fault_in ? "fault-in"
+                            : "prefetch",
+             ev->alloc, mib(ev->bytes));
     json_t *args = json_pack("{s:i, s:I}", "alloc", ev->alloc, "bytes", (json_int_t)ev->bytes);
     if (args && ev->launch >= 0 &&
         json_object_set_new(args, h2d ? "issued_at_launch" : "after_launch",

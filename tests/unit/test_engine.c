@@ -817,6 +817,43 @@ static void test_host_read_mode(void **state)
 /* OFFLOAD_MODE=redirect: the plan's moves make and end device copies instead of remapping; the
  * layer kernels read their marks through redirected parameters (exact data), every iteration
  * stages weights in and out, and once the first placement is done nothing is remapped. */
+/* A plan may read an offloaded allocation in place: it stays in host memory and its launches
+ * read it there, in every offload mode; nothing moves it, nothing faults it in, the data stays
+ * exact, and its references are planned ones. */
+static void test_plan_reads_in_place(void **state)
+{
+    (void)state;
+    static const char *const modes[] = {NULL, "FLEXTENSOR_OFFLOAD_MODE=redirect"};
+    for (size_t m = 0; m < FS_ARRAY_LEN(modes); m++) {
+        char path[64], err[512];
+        fresh_path(path, sizeof(path));
+        record_profile(path, "FLEXTENSOR_GPU_MEMORY_LIMIT=64MiB");
+        struct fs_profile p;
+        assert_int_equal(fs_profile_load(path, &p, err, sizeof(err)), FS_OK);
+        p.plan.entries[4] = (struct fs_plan_entry){false, -1, -1}; /* w[3] (act is 0) */
+        assert_int_equal(fs_plan_evaluate(&p, &p.plan), FS_OK);
+        assert_int_equal(fs_profile_save(path, &p, err, sizeof(err)), FS_OK);
+        fs_profile_free(&p);
+        uint64_t w[L], act;
+        struct fs_device *dev = start_from_profile(path, modes[m], w, &act);
+        assert_int_equal(run_program(dev, w, L, act, 3), 0);
+        struct fs_engine_stats s0, s1;
+        fs_engine_get_stats(&s0);
+        enum { ITERS = 10 };
+        assert_int_equal(run_program(dev, w, L, act, ITERS), 0); /* every mark read right */
+        fs_engine_get_stats(&s1);
+        assert_int_equal(s1.exec.departures, 0);
+        assert_int_equal(s1.exec.unplanned, 0);
+        assert_int_equal(s1.res.faults, s0.res.faults);
+        assert_true(s1.res.host_served - s0.res.host_served >= ITERS);
+        enum fs_mem_loc loc;
+        assert_int_equal(fs_sim_location(dev, w[3], &loc), FS_OK);
+        assert_int_equal(loc, FS_LOC_HOST);
+        stop(dev);
+        unlink(path);
+    }
+}
+
 static void test_redirect_mode(void **state)
 {
     (void)state;
@@ -1253,6 +1290,7 @@ int main(void)
         cmocka_unit_test(test_run_trace),
         cmocka_unit_test(test_plan_headroom),
         cmocka_unit_test(test_host_read_mode),
+        cmocka_unit_test(test_plan_reads_in_place),
         cmocka_unit_test(test_redirect_mode),
         cmocka_unit_test(test_redirect_late_reads_in_place),
         cmocka_unit_test(test_timing_report),

@@ -794,9 +794,13 @@ static void test_load_plan_errors(void **state)
     static const struct edit edits[] = {
         {"plan.entries", NULL, 3, NULL, "plan.entries has 3 entries for 4 allocations"},
         {"plan.entries", NULL, 0, "{\"prefetch_at\": 99, \"evict_after\": 4}",
-         "plan.entries[0].prefetch_at is 99; it must be from 0 to 4"},
+         "plan.entries[0].prefetch_at is 99; it must be from -1 to 4"},
         {"plan.entries", NULL, 3, "{\"prefetch_at\": -1, \"evict_after\": 4}",
-         "plan.entries[3].prefetch_at is -1; it must be from 0 to 4"},
+         "plan.entries[3]: prefetch_at and evict_after must both be -1 (read in place) or both "
+         "launch indices, not -1 and 4"},
+        {"plan.entries", NULL, 2, "{\"prefetch_at\": 0, \"evict_after\": 1}",
+         "plan.entries[2]: allocation 2 is used by no launch, so its prefetch_at and evict_after "
+         "must be -1"},
         {"plan.entries", NULL, 2, "{\"prefetch_at\": 0, \"evict_after\": 5}",
          "plan.entries[2].evict_after is 5; it must be from -1 to 4"},
         {"plan.entries", NULL, 1, "{\"resident\": false}",

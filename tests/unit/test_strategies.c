@@ -182,7 +182,9 @@ static void check_plan(const struct fs_profile *p, const struct fs_plan *plan, u
         const struct fs_prof_launch *l = &p->launches[i];
         for (int r = l->ref_start; r < l->ref_start + l->nrefs; r++) {
             const struct fs_plan_entry *e = &plan->entries[p->refs[r]];
-            assert_true(e->resident || in_window(e->prefetch_at, e->evict_after, i));
+            /* on the device, or read in place (no window at all) */
+            assert_true(e->resident || in_window(e->prefetch_at, e->evict_after, i) ||
+                        (e->prefetch_at == -1 && e->evict_after == -1));
         }
     }
     for (int a = 0; a < p->nallocs; a++)
@@ -353,6 +355,11 @@ static void hand_profile(struct builder *b)
 static void count_d2h(const struct fs_tl_event *ev, void *arg)
 {
     *(int *)arg += ev->lane == FS_TL_D2H;
+}
+
+static void count_in_place(const struct fs_tl_event *ev, void *arg)
+{
+    *(int *)arg += ev->lane == FS_TL_H2D && ev->in_place;
 }
 
 static void test_evaluate_hand_example(void **state)
@@ -541,6 +548,80 @@ static void test_greedy_spreads_equal_sizes(void **state)
     fs_profile_free(&b.p);
 }
 
+/* A read in place holds no device memory: its launch reads over the link what it can read in
+ * its duration (read_bytes_per_us), or all of the allocation when that is not measured. The hand
+ * example with A read in place and B (unchanged) prefetched at launch 1, its memory free from the
+ * start (6 MiB held at launches 1 and 2):
+ *   bound 1000 bytes/us: L1 reads 300000 bytes (146.5 us), within its 300 us; B's copy runs
+ *     under L0 (iteration 1 from 3300: L0 3300..4300, B up 3300..4324, L1 4300..4600, L2
+ *     4600..6600): 3300 us, no stall;
+ *   no bound: L1 reads all 2 MiB, 1024 us instead of 300 (iteration 1 from 4024: L1 5024..6048,
+ *     L2 6048..8048): 4024 us. */
+static void test_evaluate_read_in_place(void **state)
+{
+    (void)state;
+    struct builder b;
+    struct fs_plan plan;
+    hand_profile(&b);
+    b.p.allocs[1].unchanged = true;
+    plan_alloc(&plan, 3, 6 * MIB);
+    plan.entries[0] = (struct fs_plan_entry){false, -1, -1};
+    plan.entries[1] = (struct fs_plan_entry){false, 1, 2};
+    plan.entries[2] = (struct fs_plan_entry){true, -1, -1};
+    b.p.bw.read_bytes_per_us = 1000.0;
+    assert_int_equal(fs_plan_evaluate(&b.p, &plan), FS_OK);
+    assert_true(plan.peak_bytes == 6 * MIB);
+    assert_true(fabs(plan.predicted_us - 3300.0) < 1e-6);
+    int reads = 0;
+    assert_int_equal(fs_plan_evaluate_trace(&b.p, &plan, count_in_place, &reads), FS_OK);
+    assert_int_equal(reads, 1);
+    /* Unbounded, L1 reads 2 MiB (1024 us): B's copy waits behind it on the link. */
+    b.p.bw.read_bytes_per_us = 0.0;
+    assert_int_equal(fs_plan_evaluate(&b.p, &plan), FS_OK);
+    assert_true(fabs(plan.predicted_us - 4024.0) < 1e-6);
+    assert_true(fabs(fs_read_in_place_bytes(&b.p, 0, 300.0) - 2.0 * MIB) < 1e-9);
+    b.p.bw.read_bytes_per_us = 1000.0;
+    assert_true(fabs(fs_read_in_place_bytes(&b.p, 0, 300.0) - 300000.0) < 1e-9);
+    fs_plan_free(&plan);
+    fs_profile_free(&b.p);
+}
+
+/* The scheduler reads in place an offloaded allocation whose launches cannot read three quarters
+ * of it, when the model says that is faster: a 256 MiB table looked up by a 10 us launch (at most
+ * 60 MB at 6e6 bytes/us) is read in place instead of copied (about 4.9 ms at the exact link);
+ * without a measured read bound, or when its launch is long enough to read all of it, it is
+ * copied. Smaller allocations than 64 MiB are never read in place (they may be read from L2). */
+static void test_schedule_reads_sparse_in_place(void **state)
+{
+    (void)state;
+    for (int variant = 0; variant < 4; variant++) {
+        struct builder b;
+        struct fs_plan plan;
+        uint64_t table = variant == 3 ? 32 * MIB : 256 * MIB;
+        b_init(&b, 4, 2, 1000.0, 64 * MIB);
+        b.p.allocs[0].mapped = b.p.allocs[0].size = table;
+        b.p.launches[0].duration_us = variant == 2 ? 100000.0 : 10.0;
+        b_use(&b, 0, 0); /* the lookup */
+        b_use(&b, 1, 1);
+        b_use(&b, 2, 1);
+        b_use(&b, 3, 1);
+        b_finish(&b);
+        exact_link(&b.p);
+        b.p.allocs[0].unchanged = true;
+        b.p.bw.read_bytes_per_us = variant == 1 ? 0.0 : 6e6;
+        bool resident[2] = {false, true};
+        plan_alloc(&plan, 2, 64 * MIB + table);
+        assert_int_equal(fs_schedule_plan(&b.p, resident, FS_SCHED_UNLIMITED, &plan, NULL), FS_OK);
+        check_plan(&b.p, &plan, 64 * MIB + table);
+        bool in_place = fs_entry_in_place(&plan.entries[0]);
+        assert_int_equal(in_place, variant == 0);
+        if (in_place)
+            assert_true(plan.peak_bytes == 64 * MIB);
+        fs_plan_free(&plan);
+        fs_profile_free(&b.p);
+    }
+}
+
 static void test_evaluate_rejects_bad_plans(void **state)
 {
     (void)state;
@@ -552,12 +633,13 @@ static void test_evaluate_rejects_bad_plans(void **state)
     plan.entries[1] = (struct fs_plan_entry){false, 2, 2};
     struct {
         int pf, ev;
-    } bad[] = {{2, 0}, {1, 0}, {0, 0}, {3, 1}, {0, 3}, {-1, 1}, {-1, -1}, {2, 2}};
-    /* A is used by launch 1 only: {1, 0} (1, 2, then 0) covers it; the others do not or are
-     * out of range. */
+    } bad[] = {{2, 0}, {1, 0}, {0, 0}, {3, 1}, {0, 3}, {-1, 1}, {1, -1}, {-1, -1}, {2, 2}};
+    /* A is used by launch 1 only: {1, 0} (1, 2, then 0) covers it, {-1, -1} reads it in place;
+     * the others do not cover it or are out of range. */
     for (size_t k = 0; k < FS_ARRAY_LEN(bad); k++) {
         plan.entries[0] = (struct fs_plan_entry){false, bad[k].pf, bad[k].ev};
-        int want = (bad[k].pf == 1 && bad[k].ev == 0) ? FS_OK : FS_ERR_INVALID;
+        bool ok = (bad[k].pf == 1 && bad[k].ev == 0) || (bad[k].pf == -1 && bad[k].ev == -1);
+        int want = ok ? FS_OK : FS_ERR_INVALID;
         assert_int_equal(fs_plan_evaluate(&b.p, &plan), want);
     }
     plan.entries[0] = (struct fs_plan_entry){false, 1, 1};
@@ -1198,6 +1280,8 @@ int main(void)
         cmocka_unit_test(test_evaluate_unchanged_needs_no_write_back),
         cmocka_unit_test(test_evaluate_host_waits_for_prefetch),
         cmocka_unit_test(test_greedy_spreads_equal_sizes),
+        cmocka_unit_test(test_evaluate_read_in_place),
+        cmocka_unit_test(test_schedule_reads_sparse_in_place),
         cmocka_unit_test(test_evaluate_rejects_bad_plans),
         cmocka_unit_test(test_profile_check),
         cmocka_unit_test(test_evaluate_no_launches),
