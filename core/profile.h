@@ -51,11 +51,19 @@ struct fs_bw_model {
      * the factor leaves room for kernels that read faster); 0: not measured, then a kernel may
      * read all it references */
     double read_bytes_per_us;
+    /* from the end of an unchanged allocation's last launch to the next copy into its room: the
+     * engine's finisher gives the device block back and its mover begins the copy, making a
+     * block first when the size differs (FS_ROOM_HANDOVER_US when recorded; 0 in profiles from
+     * before it) */
+    double handover_us;
     int npoints;
     struct fs_bw_point *points;
 };
 
 #define FS_READ_BOUND_COPIES 3.0
+/* The hand-over measured in the 7b decode's run traces on the H200 (2026-12-04): 0.1 ms when a
+ * cached block of the size is there, 0.8 ms when one is made; the plans take the middle. */
+#define FS_ROOM_HANDOVER_US 600.0
 
 /* One allocation's place in the plan. An offloaded allocation the iteration uses, with
  * prefetch_at = evict_after = -1, is read in place: it stays in host memory and its launches

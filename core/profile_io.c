@@ -9,7 +9,7 @@
  *   "launches":    [{"kernel": "0x<16 hex digits>", "name" (optional), "stream", "duration_us",
  *                    "host_us" (optional, 0 when absent), "refs": [allocation indices]}, ...],
  *   "bandwidth":   {"h2d_latency_us", "h2d_bytes_per_us", "d2h_latency_us", "d2h_bytes_per_us",
- *                   "read_bytes_per_us" (optional, 0 when absent),
+ *                   "read_bytes_per_us", "handover_us" (optional, 0 when absent),
  *                   "points": [{"bytes", "h2d_us", "d2h_us"}, ...]},
  *   "plan" (absent before planning):
  *                  {"strategy", "budget", "predicted_us", "predicted_stall_us", "peak_bytes",
@@ -456,7 +456,9 @@ static bool parse_bandwidth(struct rd *r, json_t *root, struct fs_profile *p)
         !get_number(r, o, "bandwidth", "d2h_latency_us", &bw->d2h_latency_us) ||
         !get_number(r, o, "bandwidth", "d2h_bytes_per_us", &bw->d2h_bytes_per_us) ||
         (json_object_get(o, "read_bytes_per_us") &&
-         !get_number(r, o, "bandwidth", "read_bytes_per_us", &bw->read_bytes_per_us)))
+         !get_number(r, o, "bandwidth", "read_bytes_per_us", &bw->read_bytes_per_us)) ||
+        (json_object_get(o, "handover_us") &&
+         !get_number(r, o, "bandwidth", "handover_us", &bw->handover_us)))
         return false;
     json_t *pts = get_array(r, o, "bandwidth", "points", PIO_MAX_POINTS);
     if (!pts)
@@ -844,6 +846,8 @@ static json_t *build_doc(const struct fs_profile *p, struct wr *w)
         put_real(w, b, "bandwidth", "d2h_bytes_per_us", bw->d2h_bytes_per_us);
         if (bw->read_bytes_per_us > 0)
             put_real(w, b, "bandwidth", "read_bytes_per_us", bw->read_bytes_per_us);
+        if (bw->handover_us > 0)
+            put_real(w, b, "bandwidth", "handover_us", bw->handover_us);
         json_t *pts = json_array();
         put(w, b, "points", pts);
         for (int i = 0; pts && i < bw->npoints && w->ok; i++) {

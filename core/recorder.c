@@ -477,6 +477,7 @@ int fs_rec_measure_link(struct fs_device *dev, struct fs_bw_model *bw)
         /* The device's own copy rate bounds what a kernel can read (read_bytes_per_us); without
          * it (no second block) nothing is read in place. */
         double us = 0;
+        bw->handover_us = FS_ROOM_HANDOVER_US;
         if (fs_phys_block_create(dev, FS_LOC_DEVICE, sizes[1], &d2) == FS_OK &&
             time_copy(dev, s, e0, e1, d2->copy_va, d->copy_va, sizes[1], &us) == FS_OK && us > 0)
             bw->read_bytes_per_us = FS_READ_BOUND_COPIES * (double)sizes[1] / us;

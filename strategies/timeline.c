@@ -48,7 +48,9 @@
  *            fs_bw_d2h_us(mapped), and its device memory is free when it ends. Write-backs after
  *            the same launch queue in allocation order. An allocation profiling found unchanged
  *            (fs_prof_alloc.unchanged) needs none, as the engine's fingerprint check will show:
- *            its memory is free when launch evict_after ends.
+ *            its memory is free the link model's handover_us after launch evict_after ends:
+ *            the engine hands its block over to the next copy (a write-back's own time, which
+ *            the model charges, covers that).
  * Because a prefetch begins only after every earlier eviction has freed its memory, the bytes
  * physically held at any moment never exceed peak_bytes.
  * Iteration 0 starts at time 0 with empty links, the resident allocations present and the
@@ -306,8 +308,8 @@ static int evaluate(const struct fs_profile *p, struct fs_plan *plan, double *st
             t = start + dur;
             for (int k = ev_start[i]; k < ev_start[i + 1]; k++) {
                 int a = ev_list[k];
-                if (p->allocs[a].unchanged) { /* no write-back: free when its last launch ends */
-                    room_free = max2(room_free, t);
+                if (p->allocs[a].unchanged) { /* no write-back */
+                    room_free = max2(room_free, t + p->bw.handover_us);
                     continue;
                 }
                 double s = max2(t, d2h_free);

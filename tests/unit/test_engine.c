@@ -432,6 +432,10 @@ static void test_profile_recorded_and_planned(void **state)
     assert_true(p.plan.peak_bytes <= 64 * MIB);
     assert_int_equal(fs_plan_evaluate(&p, &p.plan), FS_OK);
     assert_true(p.bw.h2d_bytes_per_us > 0);
+    /* The device's copy rate bounds reads in place (the simulator copies at 2e6 bytes/us). */
+    assert_true(p.bw.read_bytes_per_us > 0.9 * FS_READ_BOUND_COPIES * 2e6 &&
+                p.bw.read_bytes_per_us < 1.1 * FS_READ_BOUND_COPIES * 2e6);
+    assert_true(p.bw.handover_us == FS_ROOM_HANDOVER_US);
     /* ... and it ran for the rest of the program. */
     struct fs_engine_stats st;
     fs_engine_get_stats(&st);

@@ -147,6 +147,8 @@ static void rich_fill(struct rich *r)
     p->bw.h2d_bytes_per_us = 25000.5;
     p->bw.d2h_latency_us = 9.0;
     p->bw.d2h_bytes_per_us = 1.0 / 3.0;
+    p->bw.read_bytes_per_us = 6.25e6;
+    p->bw.handover_us = 600.0;
     r->points[0] = (struct fs_bw_point){4096, 8.5, 9.1};
     r->points[1] = (struct fs_bw_point){GiB, 42000.0, 44000.0};
     r->points[2] = (struct fs_bw_point){6 * GiB, 251000.25, 262000.75};
@@ -206,6 +208,8 @@ static void assert_profiles_equal(const struct fs_profile *a, const struct fs_pr
     assert_true(a->bw.h2d_bytes_per_us == b->bw.h2d_bytes_per_us);
     assert_true(a->bw.d2h_latency_us == b->bw.d2h_latency_us);
     assert_true(a->bw.d2h_bytes_per_us == b->bw.d2h_bytes_per_us);
+    assert_true(a->bw.read_bytes_per_us == b->bw.read_bytes_per_us);
+    assert_true(a->bw.handover_us == b->bw.handover_us);
     assert_int_equal(a->bw.npoints, b->bw.npoints);
     for (int i = 0; i < a->bw.npoints; i++) {
         assert_true(a->bw.points[i].bytes == b->bw.points[i].bytes);
@@ -762,6 +766,9 @@ static void test_load_inconsistent_uses(void **state)
         {"allocations[0]", "mapped", 0, "1",
          "allocations[0].mapped (1) is smaller than its size (5368709127)"},
         {"allocations[1]", "unchanged", 0, "1", "allocations[1].unchanged must be true or false"},
+        {"bandwidth", "handover_us", 0, "-1", "bandwidth.handover_us must be a non-negative number"},
+        {"bandwidth", "read_bytes_per_us", 0, "\"x\"",
+         "bandwidth.read_bytes_per_us must be a non-negative number"},
     };
     run_edits(t->path, edits, FS_ARRAY_LEN(edits));
 }

@@ -484,6 +484,15 @@ static void test_evaluate_unchanged_needs_no_write_back(void **state)
     int d2h = 0;
     assert_int_equal(fs_plan_evaluate_trace(&b.p, &plan, count_d2h, &d2h), FS_OK);
     assert_int_equal(d2h, 0);
+    /* With the engine's hand-over of the room (handover_us 600) each copy into an unchanged
+     * allocation's room begins 600 us after its last launch: iteration 1 from 4948, A up
+     * 5548..6572, L1 6572..6872, B up 7472..8496, L2 8496..10496: 5548 us, stall 624 + 1624. */
+    b.p.bw.handover_us = 600.0;
+    assert_int_equal(fs_plan_evaluate_ex(&b.p, &plan, stall), FS_OK);
+    assert_true(fabs(plan.predicted_us - 5548.0) < 1e-9);
+    assert_true(fabs(stall[0] - 624.0) < 1e-9);
+    assert_true(fabs(stall[1] - 1624.0) < 1e-9);
+    b.p.bw.handover_us = 0.0;
     /* A changed one still writes back, as before. */
     b.p.allocs[1].unchanged = false;
     assert_int_equal(fs_plan_evaluate_trace(&b.p, &plan, count_d2h, &d2h), FS_OK);
