@@ -165,7 +165,7 @@ static uint64_t core_bytes(const struct fs_profile *p, const bool *resident, con
         const struct fs_prof_alloc *al = &p->allocs[a];
         if (resident[a]) {
             r += al->mapped;
-        } else if (al->first_use >= 0 && !(in_place && in_place[a])) {
+        } else if (windowed(p, resident, in_place, a)) {
             held[al->first_use] += (int64_t)al->mapped;
             if (al->last_use + 1 < n)
                 held[al->last_use + 1] -= (int64_t)al->mapped;

@@ -799,6 +799,9 @@ static int show_run(int argc, char **argv)
         printf("reads     a kernel reads at most %.1f GB/s of its allocations (%.0f x the device's "
                "copy rate): the bound for reading in place\n",
                p.bw.read_bytes_per_us / 1000.0, FS_READ_BOUND_COPIES);
+    if (p.bw.handover_us > 0.0)
+        printf("hand-over %.0f us from an unchanged allocation's last launch to a copy into its "
+               "room\n", p.bw.handover_us);
     show_sizes(&p);
 
     rc = EXIT_OK;
