@@ -174,7 +174,6 @@ static void format_bytes(uint64_t v, char *buf, size_t len)
     snprintf(buf, len, u ? "%.1f %s" : "%.0f %s", d, units[u]);
 }
 
-/* The recorder hands over a finished plan. */
 /* The recorder's fingerprints of the managed allocations (the residency takes them). */
 static int fingerprint_allocs(void *arg, struct fs_fp *fp, bool *known, int n)
 {
@@ -182,6 +181,7 @@ static int fingerprint_allocs(void *arg, struct fs_fp *fp, bool *known, int n)
     return fs_res_fingerprint_all(&eng.res, fp, known, n);
 }
 
+/* The recorder hands over a finished plan. */
 static bool take_plan(void *arg, struct fs_profile *p)
 {
     (void)arg;

@@ -580,6 +580,13 @@ static bool present_at(const struct fs_plan_entry *e, int i)
                                                                    i, i));
 }
 
+/* Does the plan read allocation ID in place (offloaded, used by the iteration, no window)? */
+static bool read_in_place(const struct fs_executor *x, uint64_t id)
+{
+    return id < (uint64_t)x->prof.nallocs && x->prof.allocs[id].first_use >= 0 &&
+           fs_entry_in_place(&x->prof.plan.entries[id]);
+}
+
 /* Where allocation E's prefetch (EVICT false) or eviction is planned, or -1. */
 static int action_at(const struct fs_plan_entry *e, bool evict)
 {
@@ -949,9 +956,7 @@ void fs_exec_launch_enter(struct fs_executor *x, struct fs_launch_ticket *t)
                        present_at(&x->prof.plan.entries[a->id], cur);
         if (!planned) {
             /* read in place where the plan or the mode says so (residency counts it) */
-            if (x->mode != FS_OFFLOAD_HOST_READ &&
-                !(a->id < (uint64_t)x->prof.nallocs &&
-                  fs_entry_in_place(&x->prof.plan.entries[a->id])))
+            if (x->mode != FS_OFFLOAD_HOST_READ && !read_in_place(x, a->id))
                 x->stats.unplanned++;
             continue;
         }

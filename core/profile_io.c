@@ -460,6 +460,13 @@ static bool parse_bandwidth(struct rd *r, json_t *root, struct fs_profile *p)
         (json_object_get(o, "handover_us") &&
          !get_number(r, o, "bandwidth", "handover_us", &bw->handover_us)))
         return false;
+    /* bounds that keep the model's sums finite (a petabyte per microsecond, a second) */
+    if (bw->read_bytes_per_us > 1e9)
+        return fail(r, FS_ERR_CONFIG, "bandwidth.read_bytes_per_us (%g) is more than 1e9",
+                    bw->read_bytes_per_us);
+    if (bw->handover_us > 1e6)
+        return fail(r, FS_ERR_CONFIG, "bandwidth.handover_us (%g) is more than 1e6 (a second)",
+                    bw->handover_us);
     json_t *pts = get_array(r, o, "bandwidth", "points", PIO_MAX_POINTS);
     if (!pts)
         return false;

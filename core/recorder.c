@@ -172,11 +172,15 @@ static bool rejected(const struct fs_recorder *r, int period)
 }
 
 /* Profiling begins: the allocations' fingerprints now, to compare with those at its end (lock
- * held). Without them (no callback, no memory, fingerprints off) no allocation is unchanged. */
-static void take_first_fingerprints(struct fs_recorder *r)
+ * held; the launch that began it was queued on STREAM). They synchronize the device, which a
+ * graph capture must not see: then none are taken. Without them (no callback, no memory,
+ * fingerprints off, a capture) no allocation is marked unchanged. */
+static void take_first_fingerprints(struct fs_recorder *r, fs_stream stream)
 {
     int n = r->nallocs;
-    if (!r->fingerprint || n == 0)
+    bool capturing = true;
+    if (!r->fingerprint || n == 0 ||
+        fs_dev_call(r->dev, stream_capturing, stream, &capturing) != FS_OK || capturing)
         return;
     r->fp = malloc((size_t)n * sizeof(*r->fp));
     r->fp_known = malloc((size_t)n * sizeof(*r->fp_known));
@@ -190,21 +194,35 @@ static void take_first_fingerprints(struct fs_recorder *r)
 static void mark_unchanged(struct fs_recorder *r, struct fs_profile *p)
 {
     int n = r->fp_n < p->nallocs ? r->fp_n : p->nallocs, same = 0;
+    /* At least one whole iteration between the two, or a write by its first launches may not
+     * be seen. */
+    if (r->iters_timed == 0)
+        n = 0;
+    bool taken = false;
     struct fs_fp *now = n > 0 ? malloc((size_t)n * sizeof(*now)) : NULL;
     bool *known = n > 0 ? malloc((size_t)n * sizeof(*known)) : NULL;
-    if (now && known && r->fingerprint(r->fingerprint_arg, now, known, n) == FS_OK)
+    if (now && known && r->fingerprint(r->fingerprint_arg, now, known, n) == FS_OK) {
+        taken = true;
         for (int a = 0; a < n; a++) {
             p->allocs[a].unchanged = r->fp_known[a] && known[a] && fs_fp_equal(r->fp[a], now[a]);
             same += p->allocs[a].unchanged;
         }
+    }
     free(now);
     free(known);
-    FS_INFO("profiling: %d of %d allocations were left unchanged by the iteration (evicting them "
-            "needs no write-back)", same, p->nallocs);
+    if (taken)
+        FS_INFO("profiling: %d of %d allocations were left unchanged by the iteration (evicting "
+                "them needs no write-back)", same, p->nallocs);
+    else
+        FS_INFO("profiling: the allocations were not fingerprinted (fingerprints off, a graph "
+                "capture, or no whole iteration profiled); the plan assumes every eviction "
+                "writes back");
 }
 
-/* The iteration was found: keep launches [START, START + PERIOD) as the template (lock held). */
-static int begin_profiling(struct fs_recorder *r, int start, int period, int n_in_buffer)
+/* The iteration was found: keep launches [START, START + PERIOD) as the template (lock held;
+ * STREAM: the stream of the launch being recorded). */
+static int begin_profiling(struct fs_recorder *r, int start, int period, int n_in_buffer,
+                           fs_stream stream)
 {
     /* The detector may have dropped old launches; its buffer holds the newest ones, as ours. */
     int offset = r->nlaunches - n_in_buffer;
@@ -230,7 +248,7 @@ static int begin_profiling(struct fs_recorder *r, int start, int period, int n_i
         k += l.nrefs;
         r->tmpl[i] = l;
     }
-    take_first_fingerprints(r);
+    take_first_fingerprints(r, stream);
     r->period = period;
     r->pos = (r->nlaunches - start) % period; /* where the program is now */
     r->counting = r->pos == 0;
@@ -615,7 +633,7 @@ void fs_rec_launch(struct fs_recorder *r, const void *func, uint64_t sig, fs_str
         int marked = mark && r->nlaunches > 0 ? marked_iteration(r, r->nlaunches - 1) : 0;
         if (marked > 0) {
             r->marked_period = true;
-            if (begin_profiling(r, r->marks[1], marked, r->nlaunches) != FS_OK) {
+            if (begin_profiling(r, r->marks[1], marked, r->nlaunches, stream) != FS_OK) {
                 FS_WARN("discovery: out of host memory; no profile is recorded");
                 __atomic_store_n(&r->phase, FS_REC_DONE, __ATOMIC_RELEASE);
             }
@@ -629,7 +647,8 @@ void fs_rec_launch(struct fs_recorder *r, const void *func, uint64_t sig, fs_str
             r->last_period = it.period;
             if (it.period != seen || rejected(r, it.period))
                 it.period = 0;
-            if (it.period > 0 && begin_profiling(r, it.start, it.period, r->det.n) != FS_OK) {
+            if (it.period > 0 &&
+                begin_profiling(r, it.start, it.period, r->det.n, stream) != FS_OK) {
                 FS_WARN("discovery: out of host memory; no profile is recorded");
                 __atomic_store_n(&r->phase, FS_REC_DONE, __ATOMIC_RELEASE);
             }

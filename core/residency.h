@@ -220,8 +220,9 @@ int fs_res_evict_id(struct fs_residency *res, uint64_t id);
  *   FS_PLAN_KEPT    kept resident: when room must be made on demand, others are evicted first,
  *                   since the plan never brings a kept one back and each of its next uses would
  *                   fault it in and evict another;
- *   FS_PLAN_HOST    served from host memory (OFFLOAD_MODE=host_read): a launch that references
- *                   it while it is on host reads it there over the link, never faults it in.
+ *   FS_PLAN_HOST    served from host memory (OFFLOAD_MODE=host_read, or a plan that reads it in
+ *                   place in any mode): a launch that references it while it is on host reads
+ *                   it there over the link, never faults it in.
  *   FS_PLAN_STAGED  moved by the plan without remapping (OFFLOAD_MODE=redirect): its VA stays
  *                   mapped to host memory; a prefetch copies it into a device block and the
  *                   pointers of launches that reference it are redirected to that copy until

@@ -64,13 +64,16 @@ int fs_ranked_desc(const void *x, const void *y);
 /* PLAN for host reading (OFFLOAD_MODE=host_read): what it keeps resident stays so; then, while
  * the budget allows, the offloaded allocations with the most referencing launches per byte
  * become resident too (no room is needed for prefetches); every other one gets no window
- * ({false, -1, -1}): it stays in host memory and its kernels read it over the link. The timeline
- * model has no such entries (fs_plan_evaluate refuses them): the prediction is left as it was and
- * peak_bytes is the resident bytes. FS_ERR_NOMEM, FS_ERR_INVALID. */
+ * ({false, -1, -1}): it stays in host memory and its kernels read it over the link. The
+ * prediction is left as it was (the timeline model would charge those reads as reads in place)
+ * and peak_bytes is the resident bytes. FS_ERR_NOMEM, FS_ERR_INVALID. */
 int fs_plan_host_read(const struct fs_profile *p, struct fs_plan *plan);
 
 /* Convenience for strategies: schedule RESIDENT into PLAN (already begun) with LOOKAHEAD and
- * evaluate it. FS_OK, FS_ERR_NOMEM (infeasible), FS_ERR_INVALID. */
+ * evaluate it; then the same with the sparse offloaded allocations read in place (64 MiB or more,
+ * their launches unable to read three quarters of them), kept when the model predicts less.
+ * NEED (optional) receives fs_schedule_need of the windowed schedule. FS_OK, FS_ERR_NOMEM
+ * (infeasible even with every offloaded allocation windowed), FS_ERR_INVALID. */
 int fs_schedule_plan(const struct fs_profile *p, const bool *resident, int lookahead,
                      struct fs_plan *plan, uint64_t *need);
 
@@ -78,8 +81,10 @@ int fs_schedule_plan(const struct fs_profile *p, const bool *resident, int looka
 bool fs_window_covers(int pf, int ev, int f, int l);
 
 /* Bytes of allocation A that a launch of DURATION_US can read at most (the profile's
- * read_bytes_per_us bound; all of it when that was not measured). */
+ * read_bytes_per_us bound; all of it when that was not measured or the launch was not timed). */
 double fs_read_in_place_bytes(const struct fs_profile *p, int a, double duration_us);
+/* The same for BYTES of several allocations that one launch reads: min(BYTES, the bound). */
+double fs_launch_read_bound(const struct fs_profile *p, double duration_us, double bytes);
 
 /* Is E an offloaded allocation's entry that reads it in place (no window)? */
 static inline bool fs_entry_in_place(const struct fs_plan_entry *e)

@@ -27,9 +27,11 @@
  * Time: the model simulates two consecutive iterations on three resources, each FIFO:
  *   compute: launch i starts at max(end of launch i-1, the moment the program queues it, ready
  *            time of every offloaded allocation it references). Streams are not modelled:
- *            launches run one after another in queue order. Its reads in place cross the H2D
- *            link from its start: it takes at least their transfer time, and the copies behind
- *            them start that much later.
+ *            launches run one after another in queue order. Its reads in place (at most what
+ *            the read bound lets it read in its duration, all its in-place allocations
+ *            together) share the H2D link from its start: it takes at least their transfer
+ *            time, and the link is busy that much longer (drawn from the launch's start, beside
+ *            any copy in flight).
  *   the program: it queues launch i once its host time before it (host_us, when the profile
  *            measured it) has passed since it queued launch i-1, counted from the iteration's
  *            start (a program that waits for each iteration's result, as a decode loop does);
@@ -269,7 +271,7 @@ static int evaluate(const struct fs_profile *p, struct fs_plan *plan, double *st
                 if (plan->entries[a].resident)
                     continue;
                 if (fs_entry_in_place(&plan->entries[a])) {
-                    in_place += fs_read_in_place_bytes(p, a, l->duration_us);
+                    in_place += (double)p->allocs[a].mapped;
                     if (first_in_place < 0)
                         first_in_place = a;
                     continue;
@@ -284,7 +286,10 @@ static int evaluate(const struct fs_profile *p, struct fs_plan *plan, double *st
              * and the copies after them wait that much longer. */
             double dur = l->duration_us;
             if (in_place > 0.0) {
-                double link = fs_bw_h2d_us(&p->bw, (uint64_t)in_place);
+                /* what the kernel can read in its duration, all its in-place allocations together */
+                in_place = fs_launch_read_bound(p, l->duration_us, in_place);
+                double link = fs_bw_h2d_us(&p->bw, in_place < 0x1p63 ? (uint64_t)in_place
+                                                                      : UINT64_C(1) << 63);
                 if (report)
                     sink(&(struct fs_tl_event){.lane = FS_TL_H2D, .launch = i,
                                                .alloc = first_in_place, .in_place = true,
@@ -344,8 +349,17 @@ out:
 
 double fs_read_in_place_bytes(const struct fs_profile *p, int a, double duration_us)
 {
-    double all = (double)p->allocs[a].mapped, bound = duration_us * p->bw.read_bytes_per_us;
-    return p->bw.read_bytes_per_us > 0.0 && bound < all ? bound : all;
+    double all = (double)p->allocs[a].mapped;
+    return fs_launch_read_bound(p, duration_us, all);
+}
+
+double fs_launch_read_bound(const struct fs_profile *p, double duration_us, double bytes)
+{
+    /* no bound measured, or no duration (not timed): it may read all of them */
+    if (!(p->bw.read_bytes_per_us > 0.0) || !(duration_us > 0.0))
+        return bytes;
+    double bound = duration_us * p->bw.read_bytes_per_us;
+    return bound < bytes ? bound : bytes;
 }
 
 double fs_profile_resident_us(const struct fs_profile *p)

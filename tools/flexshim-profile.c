@@ -793,8 +793,9 @@ static int show_run(int argc, char **argv)
     int same = 0;
     for (int i = 0; i < p.nallocs; i++)
         same += p.allocs[i].unchanged;
-    printf("unchanged %d of %d allocations were left as they were by the iteration (evicting them "
-           "needs no write-back)\n", same, p.nallocs);
+    printf("unchanged %d of %d allocations known to be left as they were by the iteration "
+           "(evicting them needs no write-back; none when profiling took no fingerprints)\n",
+           same, p.nallocs);
     if (p.bw.read_bytes_per_us > 0.0)
         printf("reads     a kernel reads at most %.1f GB/s of its allocations (%.0f x the device's "
                "copy rate): the bound for reading in place\n",

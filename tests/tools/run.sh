@@ -63,7 +63,7 @@ expect "show: program" "$tmp/show" '^program +python infer\.py --model tiny$'
 expect "show: link model" "$tmp/show" 'host to device 25\.0 GB/s \+ 10\.0 us'
 expect "show: iteration totals" "$tmp/show" '^iteration 7 launches, 7\.855 ms of compute; 10 allocations, 214\.0 MiB on the device \(210\.0 MiB used by launches\)$'
 expect_not "show: no host line when the program's host time was not measured" "$tmp/show" '^host '
-expect "show: no allocation known unchanged in a profile without the marks" "$tmp/show" '^unchanged 0 of 10 allocations were left as they were'
+expect "show: no allocation known unchanged in a profile without the marks" "$tmp/show" '^unchanged 0 of 10 allocations known to be left as they were'
 expect_not "show: no read bound when the profile has none" "$tmp/show" '^reads '
 python3 - "$SMALL" "$tmp/marks.json" <<'PYEOF'
 import json, sys
@@ -75,7 +75,7 @@ d["bandwidth"]["handover_us"] = 600
 json.dump(d, open(sys.argv[2], "w"))
 PYEOF
 run "$tmp/o" "$tmp/e" show "$tmp/marks.json"
-expect "show: the unchanged allocations counted" "$tmp/o" '^unchanged 3 of 10 allocations were left as they were by the iteration'
+expect "show: the unchanged allocations counted" "$tmp/o" '^unchanged 3 of 10 allocations known to be left as they were by the iteration'
 expect "show: the read bound" "$tmp/o" '^reads +a kernel reads at most 6000\.0 GB/s of its allocations'
 expect "show: the hand-over" "$tmp/o" '^hand-over 600 us from an unchanged allocation'
 sed 's/"duration_us": \([0-9.]*\),/"duration_us": \1, "host_us": 12,/' "$SMALL" >"$tmp/host.json"

@@ -301,6 +301,9 @@ static void launch_start_kernel(struct fs_device *dev, fs_stream s)
     report_exit(&t);
 }
 
+/* The program's stream is being captured into a graph while it runs (run_marked_program). */
+static bool program_captures;
+
 static int run_marked_program(struct fs_device *dev, uint64_t *w, int nlayers, uint64_t act,
                               int iterations, enum mark_mode mark)
 {
@@ -311,6 +314,7 @@ static int run_marked_program(struct fs_device *dev, uint64_t *w, int nlayers, u
     for (int l = 0; l < nlayers; l++)
         checks[l] = (struct mark_check){(uint64_t)l + 1, &errors};
     assert_int_equal(fs_sim_stream_create(dev, &s), FS_OK);
+    fs_sim_set_capturing(dev, s, program_captures);
     for (int it = 0; it < iterations; it++) {
         if (mark == MARK_CALL)
             fs_engine_mark_iteration();
@@ -340,6 +344,7 @@ static int run_marked_program(struct fs_device *dev, uint64_t *w, int nlayers, u
             report_exit(&t);
         }
     }
+    fs_sim_set_capturing(dev, s, false);
     assert_int_equal(dev->ops->ctx_sync(dev), FS_OK);
     fs_engine_drain_moves();
     assert_int_equal(dev->ops->ctx_sync(dev), FS_OK);
@@ -447,6 +452,39 @@ static void test_profile_recorded_and_planned(void **state)
     fs_profile_free(&p);
     unlink(path);
     stop(dev);
+}
+
+/* Profiling that begins while the program captures a graph takes no fingerprints: they would
+ * synchronize the device under the capture (a real GPU invalidates the program's capture then).
+ * The simulator counts any synchronize during a capture. */
+static void test_profiling_begins_under_capture(void **state)
+{
+    (void)state;
+    struct fs_device *dev = open_sim();
+    register_kernels(dev);
+    char path[64], out_env[128], log_path[64], log_env[128], log[16384];
+    fresh_path(path, sizeof(path));
+    fresh_path(log_path, sizeof(log_path));
+    snprintf(out_env, sizeof(out_env), "FLEXTENSOR_PROFILE_OUT=%s", path);
+    snprintf(log_env, sizeof(log_env), "FLEXTENSOR_LOG_FILE=%s", log_path);
+    char *envp[] = {"FLEXTENSOR_CONFIG=", "FLEXTENSOR_GPU_MEMORY_LIMIT=128MiB", MIN_OFFLOAD,
+                    "FLEXTENSOR_PROFILING_ITERS=3", "FLEXTENSOR_LOG_LEVEL=info", log_env,
+                    out_env, NULL};
+    start(dev, envp);
+    uint64_t w[L], act;
+    alloc_program(dev, w, L, &act, 2 * MIB);
+    /* 100 iterations (3100 launches): discovery ends and profiling begins, under the capture */
+    program_captures = true;
+    assert_int_equal(run_program(dev, w, L, act, 100), 0);
+    program_captures = false;
+    struct fs_sim_stats st;
+    fs_sim_get_stats(dev, &st);
+    stop(dev);
+    fs_test_read_file(log_path, log, sizeof(log));
+    assert_non_null(strstr(log, "discovery: an iteration of"));
+    assert_int_equal(st.capture_violations, 0);
+    unlink(path);
+    unlink(log_path);
 }
 
 /* Iterations the program marks (the C API, or ITERATION_KERNEL naming the kernel each starts
@@ -1295,6 +1333,7 @@ int main(void)
         cmocka_unit_test(test_plan_headroom),
         cmocka_unit_test(test_host_read_mode),
         cmocka_unit_test(test_plan_reads_in_place),
+        cmocka_unit_test(test_profiling_begins_under_capture),
         cmocka_unit_test(test_redirect_mode),
         cmocka_unit_test(test_redirect_late_reads_in_place),
         cmocka_unit_test(test_timing_report),

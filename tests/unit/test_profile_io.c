@@ -769,6 +769,10 @@ static void test_load_inconsistent_uses(void **state)
         {"bandwidth", "handover_us", 0, "-1", "bandwidth.handover_us must be a non-negative number"},
         {"bandwidth", "read_bytes_per_us", 0, "\"x\"",
          "bandwidth.read_bytes_per_us must be a non-negative number"},
+        {"bandwidth", "read_bytes_per_us", 0, "2e9",
+         "bandwidth.read_bytes_per_us (2e+09) is more than 1e9"},
+        {"bandwidth", "handover_us", 0, "1.7e308",
+         "bandwidth.handover_us (1.7e+308) is more than 1e6 (a second)"},
     };
     run_edits(t->path, edits, FS_ARRAY_LEN(edits));
 }
