@@ -583,8 +583,7 @@ static bool present_at(const struct fs_plan_entry *e, int i)
 /* Does the plan read allocation ID in place (offloaded, used by the iteration, no window)? */
 static bool read_in_place(const struct fs_executor *x, uint64_t id)
 {
-    return id < (uint64_t)x->prof.nallocs && x->prof.allocs[id].first_use >= 0 &&
-           fs_entry_in_place(&x->prof.plan.entries[id]);
+    return id < (uint64_t)x->prof.nallocs && fs_reads_in_place(&x->prof, &x->prof.plan, (int)id);
 }
 
 /* Where allocation E's prefetch (EVICT false) or eviction is planned, or -1. */
@@ -718,7 +717,7 @@ int fs_exec_install(struct fs_executor *x, struct fs_profile *p)
         const struct fs_plan_entry *e = &sp->plan.entries[a];
         bool used = sp->allocs[a].first_use >= 0, host_first = !moves_nothing && used;
         /* one the plan reads in place is served from host memory in every mode */
-        uint8_t off = used && fs_entry_in_place(e) ? FS_PLAN_HOST : offloaded_role[x->mode];
+        uint8_t off = fs_reads_in_place(sp, &sp->plan, a) ? FS_PLAN_HOST : offloaded_role[x->mode];
         role[a] = e->resident ? FS_PLAN_KEPT : off | (host_first ? FS_PLAN_START_ON_HOST : 0);
     }
     fs_res_set_plan_roles(x->res, role, sp->nallocs);

@@ -171,6 +171,15 @@ static bool rejected(const struct fs_recorder *r, int period)
     return false;
 }
 
+/* The fingerprints of allocations 0 .. N-1 now, into new arrays *FP and *KNOWN (the caller frees
+ * them, whatever the result); false when none could be taken. */
+static bool fingerprints_now(struct fs_recorder *r, int n, struct fs_fp **fp, bool **known)
+{
+    *fp = malloc((size_t)n * sizeof(**fp));
+    *known = malloc((size_t)n * sizeof(**known));
+    return *fp && *known && r->fingerprint(r->fingerprint_arg, *fp, *known, n) == FS_OK;
+}
+
 /* Profiling begins: the allocations' fingerprints now, to compare with those at its end (lock
  * held; the launch that began it was queued on STREAM). They synchronize the device, which a
  * graph capture must not see: then none are taken. Without them (no callback, no memory,
@@ -182,9 +191,7 @@ static void take_first_fingerprints(struct fs_recorder *r, fs_stream stream)
     if (!r->fingerprint || n == 0 ||
         fs_dev_call(r->dev, stream_capturing, stream, &capturing) != FS_OK || capturing)
         return;
-    r->fp = malloc((size_t)n * sizeof(*r->fp));
-    r->fp_known = malloc((size_t)n * sizeof(*r->fp_known));
-    if (r->fp && r->fp_known && r->fingerprint(r->fingerprint_arg, r->fp, r->fp_known, n) == FS_OK)
+    if (fingerprints_now(r, n, &r->fp, &r->fp_known))
         r->fp_n = n;
 }
 
@@ -198,15 +205,12 @@ static void mark_unchanged(struct fs_recorder *r, struct fs_profile *p)
      * be seen. */
     if (r->iters_timed == 0)
         n = 0;
-    bool taken = false;
-    struct fs_fp *now = n > 0 ? malloc((size_t)n * sizeof(*now)) : NULL;
-    bool *known = n > 0 ? malloc((size_t)n * sizeof(*known)) : NULL;
-    if (now && known && r->fingerprint(r->fingerprint_arg, now, known, n) == FS_OK) {
-        taken = true;
-        for (int a = 0; a < n; a++) {
-            p->allocs[a].unchanged = r->fp_known[a] && known[a] && fs_fp_equal(r->fp[a], now[a]);
-            same += p->allocs[a].unchanged;
-        }
+    struct fs_fp *now = NULL;
+    bool *known = NULL;
+    bool taken = n > 0 && fingerprints_now(r, n, &now, &known);
+    for (int a = 0; taken && a < n; a++) {
+        p->allocs[a].unchanged = r->fp_known[a] && known[a] && fs_fp_equal(r->fp[a], now[a]);
+        same += p->allocs[a].unchanged;
     }
     free(now);
     free(known);

@@ -757,21 +757,29 @@ static void list_remove(struct fs_residency *res, struct fs_alloc *a)
     last->index = a->index;
 }
 
+/* Map the new allocation A to block B of POOL; B goes back to POOL when that fails (lock
+ * held). */
+static int map_new(struct fs_residency *res, struct fs_alloc *a, struct fs_phys_pool *pool,
+                   struct fs_block *b)
+{
+    int rc = map_at(res, a, b);
+    if (rc != FS_OK)
+        fs_phys_pool_put(pool, b);
+    return rc;
+}
+
 /* Map the new allocation A to a device block, evicting others for room (lock held). */
 static int place_on_device(struct fs_residency *res, struct fs_alloc *a)
 {
     bool grow;
-    struct fs_block *b;
+    struct fs_block *b = NULL;
     int rc = make_room(res, a->mapped, NULL, 0, &grow);
     if (rc == FS_OK)
         rc = fs_phys_pool_get(&res->dev_pool, a->mapped, grow, &b);
+    if (rc == FS_OK)
+        rc = map_new(res, a, &res->dev_pool, b);
     if (rc != FS_OK)
         return rc;
-    rc = map_at(res, a, b);
-    if (rc != FS_OK) {
-        fs_phys_pool_put(&res->dev_pool, b);
-        return rc;
-    }
     a->dev = b;
     a->state = FS_RES_DEVICE;
     return FS_OK;
@@ -780,15 +788,12 @@ static int place_on_device(struct fs_residency *res, struct fs_alloc *a)
 /* Map the new allocation A to a pinned host block (lock held). */
 static int place_on_host(struct fs_residency *res, struct fs_alloc *a)
 {
-    struct fs_block *b;
+    struct fs_block *b = NULL;
     int rc = host_block_get(res, a->mapped, &b);
+    if (rc == FS_OK)
+        rc = map_new(res, a, &res->host_pool, b);
     if (rc != FS_OK)
         return rc;
-    rc = map_at(res, a, b);
-    if (rc != FS_OK) {
-        fs_phys_pool_put(&res->host_pool, b);
-        return rc;
-    }
     attach_host(res, a, b);
     a->state = FS_RES_HOST;
     STAT(res, placed_on_host, 1);

@@ -334,7 +334,8 @@ static int sparse_offloaded(const struct fs_profile *p, const bool *resident, bo
     for (int i = 0; i < p->nlaunches; i++) {
         const struct fs_prof_launch *l = &p->launches[i];
         for (int r = l->ref_start; r < l->ref_start + l->nrefs; r++)
-            read[p->refs[r]] += fs_read_in_place_bytes(p, p->refs[r], l->duration_us);
+            read[p->refs[r]] += fs_read_in_place_bytes(p, l->duration_us,
+                                                       (double)p->allocs[p->refs[r]].mapped);
     }
     int k = 0;
     for (int a = 0; a < p->nallocs; a++) {
@@ -372,13 +373,25 @@ int fs_schedule_plan(const struct fs_profile *p, const bool *resident, int looka
     return FS_OK;
 }
 
-uint64_t fs_plan_offloaded_bytes(const struct fs_profile *p, const struct fs_plan *plan)
+/* Bytes of the allocations PLAN offloads and some launch uses; MOVED: only those it moves. */
+static uint64_t plan_bytes(const struct fs_profile *p, const struct fs_plan *plan, bool moved)
 {
     uint64_t b = 0;
     for (int a = 0; a < p->nallocs && a < plan->nallocs; a++)
-        if (!plan->entries[a].resident && p->allocs[a].first_use >= 0)
+        if (!plan->entries[a].resident && fs_alloc_used(p, a) &&
+            !(moved && fs_reads_in_place(p, plan, a)))
             b += p->allocs[a].mapped;
     return b;
+}
+
+uint64_t fs_plan_offloaded_bytes(const struct fs_profile *p, const struct fs_plan *plan)
+{
+    return plan_bytes(p, plan, false);
+}
+
+uint64_t fs_plan_moved_bytes(const struct fs_profile *p, const struct fs_plan *plan)
+{
+    return plan_bytes(p, plan, true);
 }
 
 int fs_ranked_desc(const void *x, const void *y)

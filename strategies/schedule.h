@@ -80,17 +80,10 @@ int fs_schedule_plan(const struct fs_profile *p, const bool *resident, int looka
 /* Does the cyclic window [PF, EV] of a plan entry contain the launches [F, L] as one piece? */
 bool fs_window_covers(int pf, int ev, int f, int l);
 
-/* Bytes of allocation A that a launch of DURATION_US can read at most (the profile's
- * read_bytes_per_us bound; all of it when that was not measured or the launch was not timed). */
-double fs_read_in_place_bytes(const struct fs_profile *p, int a, double duration_us);
-/* The same for BYTES of several allocations that one launch reads: min(BYTES, the bound). */
-double fs_launch_read_bound(const struct fs_profile *p, double duration_us, double bytes);
-
-/* Is E an offloaded allocation's entry that reads it in place (no window)? */
-static inline bool fs_entry_in_place(const struct fs_plan_entry *e)
-{
-    return !e->resident && e->prefetch_at < 0;
-}
+/* Of BYTES that a launch of DURATION_US references in place, what it can read at most: the
+ * profile's read_bytes_per_us bound, or all of them when that was not measured or the launch was
+ * not timed. */
+double fs_read_in_place_bytes(const struct fs_profile *p, double duration_us, double bytes);
 
 /* Does allocation A appear in some launch? */
 static inline bool fs_alloc_used(const struct fs_profile *p, int a)
@@ -98,10 +91,19 @@ static inline bool fs_alloc_used(const struct fs_profile *p, int a)
     return p->allocs[a].first_use >= 0;
 }
 
+/* Does PLAN read allocation A in place: offloaded, used by the iteration, no window? */
+static inline bool fs_reads_in_place(const struct fs_profile *p, const struct fs_plan *plan, int a)
+{
+    const struct fs_plan_entry *e = &plan->entries[a];
+    return !e->resident && e->prefetch_at < 0 && fs_alloc_used(p, a);
+}
+
 /* ---- strategy internals (tests and the composite strategies use them) -------------------- */
 
 /* Bytes of the allocations that plan PLAN offloads and some launch uses. */
 uint64_t fs_plan_offloaded_bytes(const struct fs_profile *p, const struct fs_plan *plan);
+/* Of them, the bytes the plan moves every iteration (those it reads in place left out). */
+uint64_t fs_plan_moved_bytes(const struct fs_profile *p, const struct fs_plan *plan);
 
 /* The knapsack objective: weight unit (max(2 MiB, total used bytes / 4096), rounded up), an item's
  * weight in units (its mapped bytes rounded up), and its value: the stall in microseconds its

@@ -16,7 +16,7 @@
  * nothing. `resident` entries ignore prefetch_at and evict_after.
  *
  * An offloaded allocation that some launch uses, with prefetch_at = evict_after = -1, is read in
- * place (fs_entry_in_place): it holds no device memory and is never moved; each launch that
+ * place (fs_reads_in_place): it holds no device memory and is never moved; each launch that
  * references it reads over the link what it can read in its duration (fs_read_in_place_bytes).
  *
  * Memory: the bytes held during launch i are the resident bytes plus the offloaded allocations
@@ -231,7 +231,7 @@ static int evaluate(const struct fs_profile *p, struct fs_plan *plan, double *st
             cursor[i] = ev_start[i];
         for (int a = 0; a < na; a++) {
             const struct fs_plan_entry *e = &plan->entries[a];
-            if (!e->resident && p->allocs[a].first_use >= 0 && !fs_entry_in_place(e))
+            if (!e->resident && fs_alloc_used(p, a) && !fs_reads_in_place(p, plan, a))
                 ev_list[cursor[e->evict_after]++] = a;
         }
     }
@@ -270,7 +270,7 @@ static int evaluate(const struct fs_profile *p, struct fs_plan *plan, double *st
                 int a = p->refs[r];
                 if (plan->entries[a].resident)
                     continue;
-                if (fs_entry_in_place(&plan->entries[a])) {
+                if (fs_reads_in_place(p, plan, a)) {
                     in_place += (double)p->allocs[a].mapped;
                     if (first_in_place < 0)
                         first_in_place = a;
@@ -287,13 +287,13 @@ static int evaluate(const struct fs_profile *p, struct fs_plan *plan, double *st
             double dur = l->duration_us;
             if (in_place > 0.0) {
                 /* what the kernel can read in its duration, all its in-place allocations together */
-                in_place = fs_launch_read_bound(p, l->duration_us, in_place);
-                double link = fs_bw_h2d_us(&p->bw, in_place < 0x1p63 ? (uint64_t)in_place
-                                                                      : UINT64_C(1) << 63);
+                in_place = fs_read_in_place_bytes(p, l->duration_us, in_place);
+                uint64_t bytes = in_place < 0x1p63 ? (uint64_t)in_place : UINT64_C(1) << 63;
+                double link = fs_bw_h2d_us(&p->bw, bytes);
                 if (report)
                     sink(&(struct fs_tl_event){.lane = FS_TL_H2D, .launch = i,
                                                .alloc = first_in_place, .in_place = true,
-                                               .bytes = (uint64_t)in_place,
+                                               .bytes = bytes,
                                                .start_us = start - iter0_end,
                                                .end_us = start + link - iter0_end},
                          sink_arg);
@@ -347,13 +347,7 @@ out:
     return rc;
 }
 
-double fs_read_in_place_bytes(const struct fs_profile *p, int a, double duration_us)
-{
-    double all = (double)p->allocs[a].mapped;
-    return fs_launch_read_bound(p, duration_us, all);
-}
-
-double fs_launch_read_bound(const struct fs_profile *p, double duration_us, double bytes)
+double fs_read_in_place_bytes(const struct fs_profile *p, double duration_us, double bytes)
 {
     /* no bound measured, or no duration (not timed): it may read all of them */
     if (!(p->bw.read_bytes_per_us > 0.0) || !(duration_us > 0.0))

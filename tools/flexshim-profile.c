@@ -397,17 +397,6 @@ static uint64_t total_mapped(const struct fs_profile *p)
     return t;
 }
 
-/* Bytes of the allocations PLAN offloads and some launch uses: what moves every iteration. */
-static uint64_t moved_bytes(const struct fs_profile *p, const struct fs_plan *plan)
-{
-    uint64_t t = 0;
-    for (int a = 0; a < p->nallocs; a++)
-        if (!plan->entries[a].resident && p->allocs[a].first_use >= 0 &&
-            !fs_entry_in_place(&plan->entries[a]))
-            t += p->allocs[a].mapped;
-    return t;
-}
-
 /* The smallest budget any plan fits: the most bytes of allocations whose use range spans one
  * launch (every window contains its use range). *AT receives that launch (-1: none). */
 static uint64_t min_budget(const struct fs_profile *p, int *at)
@@ -823,7 +812,7 @@ static int show_run(int argc, char **argv)
                 } else {
                     noff++;
                     off += p.allocs[i].mapped;
-                    if (p.allocs[i].first_use >= 0 && fs_entry_in_place(&p.plan.entries[i])) {
+                    if (fs_reads_in_place(&p, &p.plan, i)) {
                         nin++;
                         in += p.allocs[i].mapped;
                     }
@@ -833,7 +822,7 @@ static int show_run(int argc, char **argv)
                    size_text(p.plan.budget, s1), size_text(p.plan.peak_bytes, s2));
             printf("  resident   %6d allocations %12.1f MiB\n", nres, mib(res));
             printf("  offloaded  %6d allocations %12.1f MiB (%.1f MiB moved per iteration)\n",
-                   noff, mib(off), mib(moved_bytes(&p, &p.plan)));
+                   noff, mib(off), mib(fs_plan_moved_bytes(&p, &p.plan)));
             if (nin > 0)
                 printf("  of them    %6d allocations %12.1f MiB read in place (their launches "
                        "read them in host memory)\n", nin, mib(in));
@@ -1078,7 +1067,7 @@ static int simulate_run(int argc, char **argv)
                 r->predicted_us = plan.predicted_us;
                 r->stall_us = plan.predicted_stall_us;
                 r->peak = plan.peak_bytes;
-                r->moved = moved_bytes(&p, &plan);
+                r->moved = fs_plan_moved_bytes(&p, &plan);
                 r->limit_us = limit_us(&p, r->moved);
                 fs_plan_free(&plan);
                 if (replay_iters)

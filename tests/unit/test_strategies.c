@@ -591,9 +591,9 @@ static void test_evaluate_read_in_place(void **state)
     b.p.bw.read_bytes_per_us = 0.0;
     assert_int_equal(fs_plan_evaluate(&b.p, &plan), FS_OK);
     assert_true(fabs(plan.predicted_us - 4024.0) < 1e-6);
-    assert_true(fabs(fs_read_in_place_bytes(&b.p, 0, 300.0) - 2.0 * MIB) < 1e-9);
+    assert_true(fabs(fs_read_in_place_bytes(&b.p, 300.0, 2.0 * MIB) - 2.0 * MIB) < 1e-9);
     b.p.bw.read_bytes_per_us = 1000.0;
-    assert_true(fabs(fs_read_in_place_bytes(&b.p, 0, 300.0) - 300000.0) < 1e-9);
+    assert_true(fabs(fs_read_in_place_bytes(&b.p, 300.0, 2.0 * MIB) - 300000.0) < 1e-9);
     fs_plan_free(&plan);
     fs_profile_free(&b.p);
 }
@@ -629,7 +629,7 @@ static void test_schedule_reads_sparse_in_place(void **state)
         plan_alloc(&plan, 2, 64 * MIB + table);
         assert_int_equal(fs_schedule_plan(&b.p, resident, FS_SCHED_UNLIMITED, &plan, NULL), FS_OK);
         check_plan(&b.p, &plan, 64 * MIB + table);
-        bool in_place = fs_entry_in_place(&plan.entries[0]);
+        bool in_place = fs_reads_in_place(&b.p, &plan, 0);
         assert_int_equal(in_place, variant == 0);
         if (in_place)
             assert_true(plan.peak_bytes == 64 * MIB);
