@@ -18,6 +18,7 @@
 # of settings; its files are named with _ for : = and ,). ITERS: steps per run. WORKLOAD: decode
 # (the default) or prefill, the same A/B on the compute-bound workload.
 # CPUS: run every side under `taskset -c CPUS` (the step is host-bound: fewer migrations).
+# BENCH_ARGS: more bench.py options for every run, e.g. --layer-times (the first step by layer).
 # PROFILE: a profile of the same model and workload (bench/run.sh leaves one in bench-logs.tar.gz).
 # FAKE=1: no GPU; bench.py makes numbers up and nothing is preloaded (tests this script).
 # Prints each run's median step, start-up (time to the first step's end, model build) and output
@@ -34,6 +35,7 @@ MODE=${MODE:-redirect}
 read -r -a sides <<<"${SIDES:-noshim shim}"
 read -r -a alt_libs <<<"${ALT_LIBS:-}"
 ITERS=${ITERS:-32}
+read -r -a BENCH_ARGS <<<"${BENCH_ARGS:-}"
 WORKLOAD=${WORKLOAD:-decode}
 case $WORKLOAD in
 decode | prefill) ;;
@@ -105,7 +107,7 @@ for r in $(seq 1 "$ROUNDS"); do
         fi
         "${envs[@]}" "${PIN[@]}" "$PY" bench/bench.py --system "$system" --workload "$WORKLOAD" \
             --model "$MODEL" --budget-pct "$pct" --iters "$ITERS" --result "$base.json" \
-            "${ARGS[@]}" >"$base.out" 2>&1 || tail -5 "$base.out"
+            "${ARGS[@]}" "${BENCH_ARGS[@]}" >"$base.out" 2>&1 || tail -5 "$base.out"
     done
 done
 

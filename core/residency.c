@@ -1032,6 +1032,8 @@ uint64_t fs_res_launch_begin(struct fs_residency *res, struct fs_alloc *const *a
         } else if (LOAD(&a->state) == FS_RES_HOST ||
                    (LOAD(&a->state) == FS_RES_STAGED && (fixed || capturing))) {
             STAT(res, host_served, 1);
+            uint64_t now = fs_now_ns();
+            fs_rt_span(FS_RT_HOST_READ, a->id, a->mapped, now, now);
         }
     }
     /* A prefetch ends under the lock: what is arriving now stays so until the holds are taken,

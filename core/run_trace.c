@@ -36,6 +36,7 @@ static const struct {
     [FS_RT_PREFETCH] = {"prefetch", "move"},
     [FS_RT_EVICT] = {"eviction", "move"},
     [FS_RT_ITERATION] = {"iteration", "step"},
+    [FS_RT_HOST_READ] = {"host read", "host"},
 };
 
 static const char *const lane_names[FS_RT_SLOTS] = {

@@ -37,6 +37,9 @@ enum fs_rt_kind {
     FS_RT_PREFETCH,      /* slot lanes: a prefetch from begin to end */
     FS_RT_EVICT,         /* slot lanes: an eviction from begin to release */
     FS_RT_ITERATION,     /* the program reached the start of the plan's iteration (instant) */
+    FS_RT_HOST_READ,     /* a launch was queued reading ID in host memory (no room, a capture, the
+                          * plan's read in place, or its copy not begun): its kernel reads it over
+                          * the link (a span of no length) */
     FS_RT_KINDS
 };
 

@@ -6,6 +6,7 @@
 #include "engine.h"
 #include "profile.h"
 #include "recorder.h"
+#include "strategies/schedule.h"
 #include "strategies/strategy.h"
 #include "test_util.h"
 
@@ -692,6 +693,47 @@ static void test_early_start(void **state)
     unlink(path);
 }
 
+/* Where the program's allocations start under a plan: those the plan offloads and the iteration
+ * uses start in host memory, except those the plan has on the device where its iteration begins
+ * (a buffer made during the first iteration, before the executor has found its place, would
+ * otherwise be read from host by every launch until its window came round); those take the
+ * device, within the budget. Counted from the profile's own plan. */
+static void test_plan_places_new_allocations(void **state)
+{
+    (void)state;
+    char path[64], err[256];
+    fresh_path(path, sizeof(path));
+    record_profile(path, "FLEXTENSOR_GPU_MEMORY_LIMIT=64MiB");
+    struct fs_profile p;
+    assert_int_equal(fs_profile_load(path, &p, err, sizeof(err)), FS_OK);
+    int on_host = 0, on_device = 0;
+    for (int a = 0; a < p.nallocs; a++) {
+        const struct fs_plan_entry *e = &p.plan.entries[a];
+        if (e->resident || p.allocs[a].first_use < 0)
+            continue;
+        if (e->prefetch_at >= 0 && fs_window_covers(e->prefetch_at, e->evict_after, 0, 0))
+            on_device++;
+        else
+            on_host++;
+    }
+    fs_profile_free(&p);
+    assert_true(on_host > 0);
+    assert_true(on_device > 0); /* the case this test is about */
+    for (int mode = 0; mode < 2; mode++) {
+        uint64_t w[L], act;
+        struct fs_device *dev =
+            start_from_profile(path, mode ? "FLEXTENSOR_OFFLOAD_MODE=redirect" : NULL, w, &act);
+        struct fs_engine_stats st;
+        fs_engine_get_stats(&st);
+        assert_int_equal(st.res.placed_on_host, on_host);
+        assert_int_equal(st.res.evictions, 0);
+        assert_true(st.res.device_bytes_peak <= 64 * MIB);
+        assert_int_equal(run_program(dev, w, L, act, 6), 0);
+        stop(dev);
+    }
+    unlink(path);
+}
+
 /* The run trace's spans of KIND (named KIND then the allocation) in EVENTS, as [allocation,
  * start, end] in microseconds, in file order, at most MAX; returns how many there are. */
 static int trace_spans(json_t *events, const char *kind, double (*out)[3], int max)
@@ -1329,6 +1371,7 @@ int main(void)
         cmocka_unit_test(test_plan_runs_from_saved_profile),
         cmocka_unit_test(test_same_program),
         cmocka_unit_test(test_early_start),
+        cmocka_unit_test(test_plan_places_new_allocations),
         cmocka_unit_test(test_run_trace),
         cmocka_unit_test(test_plan_headroom),
         cmocka_unit_test(test_host_read_mode),
