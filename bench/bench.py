@@ -381,23 +381,25 @@ class StepGaps:
 GAP_STEPS = 3
 
 
-class FirstStepLayers:
-    """--layer-times: where the first step's time goes, layer by layer (the first step carries
-    the program's first-time work: kernel loading, library heuristics, the shim's first moves).
-    A CUDA event and the host clock at the step's start and before each decoder layer and the
-    lm_head (forward pre-hooks, removed after the first step); each layer's device time is the
-    time between its event and the next one, its host time the same on the host clock. With
-    decode the first step is the prompt's forward (its layers first) and the first decode step."""
+class StepLayers:
+    """--layer-times N: where step N's time goes, layer by layer (step 1, the first, carries the
+    program's first-time work: kernel loading, library heuristics, the shim's first moves; a
+    later step shows the steady state). A CUDA event and the host clock at the step's start and
+    before each decoder layer and the lm_head (forward pre-hooks, removed after the step); each
+    row's device time is the time between its event and the next one, its host time the same on
+    the host clock. Decode's step 1 is the prompt's forward (its layers first) and the first
+    decode step."""
 
-    def __init__(self, model):
+    def __init__(self, model, step):
         import torch
 
-        self.torch = torch
+        self.torch, self.step = torch, step
         mods = [(f"layer{i}", m) for i, m in enumerate(gpu_layers(model))]
         if getattr(model, "lm_head", None) is not None:
             mods.append(("lm_head", model.lm_head))
         self.marks = []
         self.handles = [m.register_forward_pre_hook(self.hook_for(name)) for name, m in mods]
+        self.mark("start")
 
     def mark(self, name):
         ev = self.torch.cuda.Event(enable_timing=True)
@@ -408,17 +410,19 @@ class FirstStepLayers:
         return lambda module, inputs: self.mark(name)
 
     def finish(self, res):
-        """After the first step's synchronize: the per-layer times into RES, hooks removed."""
+        """After the step's synchronize: the per-layer times into RES, hooks removed."""
         self.mark("end")
         self.torch.cuda.synchronize()
         for h in self.handles:
             h.remove()
         rows = [[name, r3((t1 - t0) * 1000), r3(e0.elapsed_time(e1))]
                 for (name, t0, e0), (_, t1, e1) in zip(self.marks, self.marks[1:])]
-        res["first_step_layers"] = rows  # [name, host ms, device ms] from each mark to the next
+        # [name, host ms, device ms] from each mark to the next
+        res["step_layers"] = {"step": self.step, "rows": rows}
         top = sorted(rows, key=lambda r: -max(r[1], r[2]))[:6]
-        print("  first step by layer (host ms / device ms), the longest: " +
-              ", ".join(f"{n} {h}/{d}" for n, h, d in top), flush=True)
+        print(f"  step {self.step} by layer (host ms / device ms), the longest: " +
+              ", ".join(f"{n} {h}/{d}" for n, h, d in top) +
+              f"; device ms of all layers {sum(r[2] for r in rows):.3f}", flush=True)
 
 
 def measure_gaps(model, step, res, steps=GAP_STEPS):
@@ -440,10 +444,8 @@ def run_prefill(model, args, res, stop):
     with torch.no_grad():
         for i in range(args.iters):
             torch.cuda.synchronize()
-            layers = FirstStepLayers(model) if i == 0 and args.layer_times else None
+            layers = StepLayers(model, i + 1) if args.layer_times == i + 1 else None
             t0 = time.perf_counter()
-            if layers:
-                layers.mark("start")
             out = model(input_ids=x, use_cache=False)
             torch.cuda.synchronize()
             times.append(time.perf_counter() - t0)
@@ -487,10 +489,8 @@ def run_decode(model, args, res, stop):
     times = []
     with torch.no_grad():
         torch.cuda.synchronize()
-        layers = FirstStepLayers(model) if args.layer_times else None
+        layers = StepLayers(model, 1) if args.layer_times == 1 else None
         t0 = time.perf_counter()
-        if layers:
-            layers.mark("start")
         out = model(input_ids=prompt, use_cache=True)
         past = out.past_key_values
         cur = out.logits[:, -1, :].argmax(dim=-1, keepdim=True)
@@ -500,6 +500,8 @@ def run_decode(model, args, res, stop):
         toks = [cur]
         for i in range(args.iters):
             torch.cuda.synchronize()
+            if args.layer_times == i + 1 and i > 0:
+                layers = StepLayers(model, i + 1)
             t0 = time.perf_counter()
             out = model(input_ids=cur, past_key_values=past, use_cache=True)
             past = out.past_key_values
@@ -508,8 +510,9 @@ def run_decode(model, args, res, stop):
             times.append(time.perf_counter() - t0)
             toks.append(cur)
             del out
-            if layers and i == 0:  # the prompt's forward and the first decode step
+            if layers and args.layer_times == i + 1:  # step 1: the prompt and decode step 1
                 layers.finish(res)
+                layers = None
             if i == 0:
                 res["ttfs_s"] = r3(process_age_s())
                 res["ttfs_launcher_s"] = r3(launcher_age_s())
@@ -878,8 +881,9 @@ def parse_args(argv):
     ap.add_argument("--cudnn-sdpa", action="store_true",
                     help="decode with PyTorch's cuDNN attention (its default on this GPU; it "
                     "rebuilds a graph for every new KV length)")
-    ap.add_argument("--layer-times", action="store_true",
-                    help="time the first step layer by layer (host and device; first-time work)")
+    ap.add_argument("--layer-times", type=int, nargs="?", const=1, metavar="STEP",
+                    help="time step STEP (default 1, the first, with its first-time work) layer "
+                    "by layer, on the host and the device")
     ap.add_argument("--bw-bytes", type=int, default=GiB)
     ap.add_argument("--bw-reps", type=int, default=5)
     ap.add_argument("--print-budgets", metavar="PCTS", help="print PCT BYTES MIB lines and exit")

@@ -9,7 +9,9 @@
 #   PROFILE=prof-decode.json OUT=dir [ROUNDS=3 PCT=105 MODEL=7b MODE=redirect SIDES="noshim shim"] \
 #       [ITERS=32 CPUS= ALT_LIBS= WORKLOAD=decode] bash bench/overhead.sh
 #
-# SIDES, run in this order each round: noshim (no shim), shim (the shim as a user runs it: with
+# SIDES, run in this order each round: noshim (no shim), pipeline (the hand-written per-layer
+# prefetch pipeline of bench/prefetch_pipeline.py at PCT, its headroom from this round's noshim
+# run, so noshim must come first), shim (the shim as a user runs it: with
 # nothing to move it stops watching launches), watch (FLEXTENSOR_PAUSE_TRACKING=0: it watches
 # every launch, the cost a plan that moves something pays on each), alt1, alt2, ... (the shim as
 # a user runs it, preloading the first, second, ... library of ALT_LIBS, space-separated paths,
@@ -65,7 +67,7 @@ for side in "${sides[@]}"; do
     side_lib[$side]=$SHIM_LIB
     side_file[$side]=$(tr ':=,' '___' <<<"$side")
     case $side in
-    noshim) ;;
+    noshim | pipeline) ;;
     shim) side_env[$side]=FLEXTENSOR_PAUSE_TRACKING=1 ;;
     watch) side_env[$side]=FLEXTENSOR_PAUSE_TRACKING=0 ;;
     shim:*)
@@ -87,17 +89,28 @@ for side in "${sides[@]}"; do
             exit 2
         }
         side_lib[$side]=$lib ;;
-    *) echo "overhead.sh: SIDES=${sides[*]}: unknown side $side (noshim, shim, shim:KEY=VALUE,..., watch, alt1-alt9)" >&2; exit 2 ;;
+    *) echo "overhead.sh: SIDES=${sides[*]}: unknown side $side (noshim, pipeline, shim, shim:KEY=VALUE,..., watch, alt1-alt9)" >&2; exit 2 ;;
     esac
 done
 case " ${sides[*]} " in *" noshim "*) ;; *) echo "overhead.sh: SIDES must include noshim" >&2; exit 2 ;; esac
+case " ${sides[*]} " in *" pipeline "*"noshim "*)
+    echo "overhead.sh: SIDES: pipeline takes its headroom from the round's noshim run: put noshim first" >&2
+    exit 2 ;;
+esac
 
 for r in $(seq 1 "$ROUNDS"); do
     for side in "${sides[@]}"; do
         base=$OUT/${side_file[$side]}-$r
+        extra=()
         if [ "$side" = noshim ]; then
             envs=(env) system=noshim pct=100
             echo "---- round $r/$ROUNDS: noshim"
+        elif [ "$side" = pipeline ]; then
+            # Its headroom (activations, KV cache) is this round's noshim peak less the weights.
+            "$PY" -c 'import json, sys; print(json.dumps(json.load(open(sys.argv[1]))))' \
+                "$OUT/noshim-$r.json" >"$base.noshim.jsonl" 2>/dev/null || : >"$base.noshim.jsonl"
+            envs=(env) system=pipeline pct=$PCT extra=(--headroom-from "$base.noshim.jsonl")
+            echo "---- round $r/$ROUNDS: pipeline (${PCT}%)"
         else
             LIB=${side_lib[$side]}
             read -r -a envs <<<"$(shim_env "$mib" "$base.log" "$PROFILE") \
@@ -107,7 +120,7 @@ for r in $(seq 1 "$ROUNDS"); do
         fi
         "${envs[@]}" "${PIN[@]}" "$PY" bench/bench.py --system "$system" --workload "$WORKLOAD" \
             --model "$MODEL" --budget-pct "$pct" --iters "$ITERS" --result "$base.json" \
-            "${ARGS[@]}" "${BENCH_ARGS[@]}" >"$base.out" 2>&1 || tail -5 "$base.out"
+            "${extra[@]}" "${ARGS[@]}" "${BENCH_ARGS[@]}" >"$base.out" 2>&1 || tail -5 "$base.out"
     done
 done
 

@@ -354,6 +354,16 @@ FAKE=1 PROFILE="$tmp/prof.json" OUT="$tmp/ovh" ROUNDS=1 SIDES="noshim shim:STRAT
 expect_rc "overhead.sh: a side with settings" 0 $rc "$tmp/o"
 expect "overhead.sh: the side with settings has its ratio" "$tmp/o" '^shim:STRATEGY=greedy,PLAN_HEADROOM=1GiB [0-9.]+ ms \(median of 1 runs\): ratio'
 [ -f "$tmp/ovh/shim_STRATEGY_greedy_PLAN_HEADROOM_1GiB-1.json" ] && ok "overhead.sh: the side's files are named with _" || fail "overhead.sh: the side's files are named with _" "$(ls "$tmp/ovh")"
+FAKE=1 PROFILE="$tmp/prof.json" OUT="$tmp/ovh" ROUNDS=1 PCT=50 WORKLOAD=prefill SIDES="noshim pipeline shim" \
+    BENCH_ARGS="--layer-times 2" bash bench/overhead.sh >"$tmp/o" 2>&1; rc=$?
+expect_rc "overhead.sh: the pipeline as a side" 0 $rc "$tmp/o"
+expect "overhead.sh: the pipeline's ratio" "$tmp/o" '^pipeline [0-9.]+ ms \(median of 1 runs\): ratio [0-9.]+'
+[ "$(python3 -c 'import sys; sys.path.insert(0, "bench"); import bench; print(bench.headroom_from(sys.argv[1], "7b", "prefill", None)[0])' "$tmp/ovh/pipeline-1.noshim.jsonl" 2>&1)" = 3221225472 ] \
+    && ok "overhead.sh: the pipeline's headroom is the round's noshim headroom" \
+    || fail "overhead.sh: the pipeline's headroom is the round's noshim headroom" "$(cat "$tmp/ovh/pipeline-1.noshim.jsonl")"
+FAKE=1 PROFILE="$tmp/prof.json" OUT="$tmp/ovh" SIDES="pipeline noshim" bash bench/overhead.sh >"$tmp/o" 2>&1; rc=$?
+expect_rc "overhead.sh: the pipeline before noshim exits 2" 2 $rc "$tmp/o"
+expect "overhead.sh: says noshim must come first" "$tmp/o" 'pipeline takes its headroom from the round.s noshim run: put noshim first'
 FAKE=1 PROFILE="$tmp/prof.json" OUT="$tmp/ovh" SIDES="noshim shim:strategy" bash bench/overhead.sh >"$tmp/o" 2>&1; rc=$?
 expect_rc "overhead.sh: a setting that is not KEY=VALUE exits 2" 2 $rc "$tmp/o"
 expect "overhead.sh: says what a setting must look like" "$tmp/o" "side shim:strategy: 'strategy' is not KEY=VALUE"
