@@ -101,6 +101,7 @@ PLAN_COUNTERS = {
     "failed_moves": r"(\d+) failed moves",
     "give_ups": r"(\d+) give-ups",
     "evictions_passed": r"(\d+) evictions begun ahead of a prefetch",
+    "restaged": r"(\d+) prefetches queued by a launch that found none",
 }
 
 

@@ -801,7 +801,8 @@ static void stop_and_log_plan(const struct fs_engine_stats *s)
             "ordered after a prefetch's copy on their stream (%llu prefetches mapped early); "
             "%llu evictions skipped (in use), %llu failed moves, %llu dropped, %llu give-ups; "
             "%llu moves overlapped (at most %llu at once); %llu evictions begun ahead of a "
-            "prefetch waiting for room",
+            "prefetch waiting for room; %llu prefetches queued by a launch that found none on "
+            "the way",
             (unsigned long long)x.plans, (unsigned long long)x.synced,
             (unsigned long long)x.skipped, (unsigned long long)x.extra,
             (unsigned long long)x.departures, (unsigned long long)x.lost_launches,
@@ -813,7 +814,7 @@ static void stop_and_log_plan(const struct fs_engine_stats *s)
             (unsigned long long)x.move_failures,
             (unsigned long long)x.dropped, (unsigned long long)x.give_ups,
             (unsigned long long)x.overlapped, (unsigned long long)x.max_inflight,
-            (unsigned long long)x.passed);
+            (unsigned long long)x.passed, (unsigned long long)x.restaged);
 }
 
 /* A file setting (TIMING_REPORT, TRACE_OUT) whose file could not be written (errno says why). */

@@ -943,6 +943,8 @@ void fs_exec_launch_enter(struct fs_executor *x, struct fs_launch_ticket *t)
     if (cur < 0)
         goto out;
     t->pos = cur;
+    if (cur == 0)
+        x->iterations++;
     if (cur == 0 && fs_rt_on()) {
         uint64_t now = fs_now_ns();
         fs_rt_span(FS_RT_ITERATION, 0, 0, now, now);
@@ -967,6 +969,18 @@ void fs_exec_launch_enter(struct fs_executor *x, struct fs_launch_ticket *t)
         x->stats.late++;
         if (x->late_in_place && drop_prefetch(x, a->id))
             continue; /* the residency serves it from host */
+        /* None on its way: it was made after its prefetch point or pushed out for room, and
+         * the plan brings it in only when its window comes round again (in redirect mode every
+         * launch until then would read it from host). Its own prefetch now, once an iteration,
+         * so that one that finds no room is not tried again at every launch; not during a graph
+         * capture, when no move may begin and this launch would wait for nothing. */
+        struct fs_exec_prefetches *pf = &x->pf[a->id];
+        if (!x->late_in_place && pf->pending == 0 && pf->restaged_in != x->iterations + 1 &&
+            !capture_in_progress(x)) {
+            pf->restaged_in = x->iterations + 1;
+            queue_move(x, a->id, false);
+            x->stats.restaged++;
+        }
         uint64_t t0 = fs_now_ns();
         /* The plan may be replaced while this waits: check the bound again each time. */
         while (fs_exec_running(x) && a->id < (uint64_t)x->prof.nallocs &&

@@ -16,7 +16,9 @@
  * them, and meanwhile evictions queued behind it whose allocation is quiet begin first), so the
  * program's thread never copies or remaps for a plan: when a launch finds a planned
  * allocation whose prefetch has not begun and been mapped yet it waits for that (counted as
- * late; the launch's own fault-in brings it only if that prefetch failed); once it is mapped the
+ * late; the launch's own fault-in brings it only if that prefetch failed; one with no prefetch on
+ * its way, made after its prefetch point or pushed out for room, gets one queued by that launch,
+ * once an iteration); once it is mapped the
  * launch waits for the copy on its stream (residency.h, "arriving"). The thread usually runs
  * ahead of the device, so such a wait often holds the thread back while the device still has
  * work queued, rather than stalling the device. Three threads finish the moves (fin[]): one maps
@@ -74,6 +76,9 @@ struct fs_exec_stats {
     uint64_t overlapped;       /* moves run asynchronously (the others: one at a time) */
     uint64_t max_inflight;     /* most moves in flight at once */
     uint64_t passed;           /* evictions begun ahead of a prefetch held back for room */
+    uint64_t restaged;         /* prefetches queued for a launch that found a planned allocation
+                                * on host with none pending (made after its prefetch point, or
+                                * pushed out for room) */
     uint64_t give_ups;
 };
 
@@ -88,6 +93,7 @@ struct fs_exec_job {
  * read the allocation in place instead of waiting, fs_exec_set_offload_mode). */
 struct fs_exec_prefetches {
     int pending, queued, drop;
+    uint64_t restaged_in; /* iteration (+1) of its last prefetch queued by a launch, 0: none */
 };
 
 struct fs_executor;
@@ -165,6 +171,7 @@ struct fs_executor {
      * for an older one is mapped at once) */
     struct fs_exec_finisher fin[FS_EXEC_FINISHERS];
     uint64_t q_gen;          /* changes whenever the queue is emptied or replaced */
+    uint64_t iterations;     /* times the program reached the iteration's first launch */
     int mode;                /* enum fs_offload_mode (fs_exec_set_offload_mode) */
     bool late_in_place;      /* LATE_PREFETCH=read_in_place (fs_exec_set_offload_mode) */
     struct fs_exec_stats stats;

@@ -734,6 +734,47 @@ static void test_plan_places_new_allocations(void **state)
     unlink(path);
 }
 
+/* A launch that finds an allocation the plan has on the device there in host memory, with no
+ * prefetch on its way, queues one and waits for it (redirect mode would otherwise read it from
+ * host until its window came round). Here the program makes its last allocation (one the
+ * iteration never uses) only after the plan runs; placing it evicts what is on the device between
+ * two iterations, the stages the next iteration begins with among them. While the program
+ * captures a graph no move may begin: then the launches read those stages from host, exact, and
+ * queue nothing they would wait for in vain. */
+static void test_plan_restages_what_was_pushed_out(void **state)
+{
+    (void)state;
+    char path[64];
+    fresh_path(path, sizeof(path));
+    record_profile_unused(path, "FLEXTENSOR_GPU_MEMORY_LIMIT=64MiB", 40 * MIB);
+    for (int capture = 0; capture < 2; capture++) {
+        uint64_t w[L], act, idle;
+        struct fs_device *dev =
+            start_from_profile(path, "FLEXTENSOR_OFFLOAD_MODE=redirect", w, &act);
+        assert_int_equal(run_program(dev, w, L, act, 4), 0);
+        struct fs_engine_stats s0, s1;
+        fs_engine_get_stats(&s0);
+        assert_int_equal(fs_engine_alloc(40 * MIB, 0, &idle), FS_OK);
+        program_captures = capture;
+        assert_int_equal(run_program(dev, w, L, act, capture ? 1 : 4), 0); /* marks read right */
+        program_captures = false;
+        fs_engine_get_stats(&s1);
+        /* Placing it pushed stages out (without the launches' prefetches, 3 host reads followed) */
+        assert_true(s1.res.evictions > s0.res.evictions);
+        if (capture) {
+            assert_true(s1.res.host_served > s0.res.host_served);
+            assert_int_equal(s1.exec.restaged, s0.exec.restaged);
+        } else {
+            assert_int_equal(s1.res.host_served, s0.res.host_served);
+            assert_true(s1.exec.restaged > s0.exec.restaged);
+        }
+        assert_int_equal(s1.exec.departures, 0);
+        assert_true(s1.res.device_bytes_peak <= 64 * MIB);
+        stop(dev);
+    }
+    unlink(path);
+}
+
 /* The run trace's spans of KIND (named KIND then the allocation) in EVENTS, as [allocation,
  * start, end] in microseconds, in file order, at most MAX; returns how many there are. */
 static int trace_spans(json_t *events, const char *kind, double (*out)[3], int max)
@@ -1372,6 +1413,7 @@ int main(void)
         cmocka_unit_test(test_same_program),
         cmocka_unit_test(test_early_start),
         cmocka_unit_test(test_plan_places_new_allocations),
+        cmocka_unit_test(test_plan_restages_what_was_pushed_out),
         cmocka_unit_test(test_run_trace),
         cmocka_unit_test(test_plan_headroom),
         cmocka_unit_test(test_host_read_mode),
