@@ -32,8 +32,10 @@ With --fake no torch is imported and plausible made-up numbers are written, mark
 it exists only to test run.sh and report.py on a machine without a GPU.
 """
 import argparse
+import contextlib
 import hashlib
 import inspect
+import io
 import json
 import os
 import statistics
@@ -381,6 +383,27 @@ class StepGaps:
 GAP_STEPS = 3
 
 
+ALL_STEPS = 0  # --layer-times all
+
+
+def layer_times_arg(text):
+    """--layer-times: a step number from 1, or 'all' (ALL_STEPS)."""
+    if text == "all":
+        return ALL_STEPS
+    try:
+        step = int(text)
+    except ValueError:
+        step = 0
+    if step < 1:
+        raise argparse.ArgumentTypeError(f"'{text}': a step number from 1, or all")
+    return step
+
+
+def times_step(args, step):
+    """Is step STEP (from 1) timed layer by layer?"""
+    return args.layer_times is not None and args.layer_times in (step, ALL_STEPS)
+
+
 class StepLayers:
     """--layer-times N: where step N's time goes, layer by layer (step 1, the first, carries the
     program's first-time work: kernel loading, library heuristics, the shim's first moves; a
@@ -409,8 +432,9 @@ class StepLayers:
     def hook_for(self, name):
         return lambda module, inputs: self.mark(name)
 
-    def finish(self, res):
-        """After the step's synchronize: the per-layer times into RES, hooks removed."""
+    def finish(self, res, every=False):
+        """After the step's synchronize: the per-layer times into RES (EVERY: one entry of the
+        list of every step's), hooks removed."""
         self.mark("end")
         self.torch.cuda.synchronize()
         for h in self.handles:
@@ -418,7 +442,10 @@ class StepLayers:
         rows = [[name, r3((t1 - t0) * 1000), r3(e0.elapsed_time(e1))]
                 for (name, t0, e0), (_, t1, e1) in zip(self.marks, self.marks[1:])]
         # [name, host ms, device ms] from each mark to the next
-        res["step_layers"] = {"step": self.step, "rows": rows}
+        if every:
+            res.setdefault("layers_by_step", []).append({"step": self.step, "rows": rows})
+        else:
+            res["step_layers"] = {"step": self.step, "rows": rows}
         top = sorted(rows, key=lambda r: -max(r[1], r[2]))[:6]
         print(f"  step {self.step} by layer (host ms / device ms), the longest: " +
               ", ".join(f"{n} {h}/{d}" for n, h, d in top) +
@@ -444,13 +471,13 @@ def run_prefill(model, args, res, stop):
     with torch.no_grad():
         for i in range(args.iters):
             torch.cuda.synchronize()
-            layers = StepLayers(model, i + 1) if args.layer_times == i + 1 else None
+            layers = StepLayers(model, i + 1) if times_step(args, i + 1) else None
             t0 = time.perf_counter()
             out = model(input_ids=x, use_cache=False)
             torch.cuda.synchronize()
             times.append(time.perf_counter() - t0)
             if layers:
-                layers.finish(res)
+                layers.finish(res, args.layer_times == ALL_STEPS)
             if i == 0:
                 res["ttfs_s"] = r3(process_age_s())
                 res["ttfs_launcher_s"] = r3(launcher_age_s())
@@ -489,7 +516,7 @@ def run_decode(model, args, res, stop):
     times = []
     with torch.no_grad():
         torch.cuda.synchronize()
-        layers = StepLayers(model, 1) if args.layer_times == 1 else None
+        layers = StepLayers(model, 1) if times_step(args, 1) else None
         t0 = time.perf_counter()
         out = model(input_ids=prompt, use_cache=True)
         past = out.past_key_values
@@ -500,7 +527,7 @@ def run_decode(model, args, res, stop):
         toks = [cur]
         for i in range(args.iters):
             torch.cuda.synchronize()
-            if args.layer_times == i + 1 and i > 0:
+            if times_step(args, i + 1) and i > 0:
                 layers = StepLayers(model, i + 1)
             t0 = time.perf_counter()
             out = model(input_ids=cur, past_key_values=past, use_cache=True)
@@ -510,8 +537,8 @@ def run_decode(model, args, res, stop):
             times.append(time.perf_counter() - t0)
             toks.append(cur)
             del out
-            if layers and args.layer_times == i + 1:  # step 1: the prompt and decode step 1
-                layers.finish(res)
+            if layers and times_step(args, i + 1):  # step 1: the prompt and decode step 1
+                layers.finish(res, args.layer_times == ALL_STEPS)
                 layers = None
             if i == 0:
                 res["ttfs_s"] = r3(process_age_s())
@@ -856,6 +883,19 @@ def selftest():
                        "--result", "x", "--budget-pct", "50"])
     check("defaults record prefill", (args.iters, args.warmup) == (20, 4)
           and args.budget_bytes == budget_bytes(50, wb7))
+    base = ["--system", "noshim", "--result", "x", "--layer-times"]
+    one, every = parse_args(base + ["3"]), parse_args(base + ["all"])
+    check("--layer-times 3: step 3 only", [times_step(one, n) for n in (1, 3, 4)] ==
+          [False, True, False])
+    check("--layer-times all: every step", all(times_step(every, n) for n in (1, 2, 17)))
+    check("no --layer-times: no step", not times_step(parse_args(base[:-1]), 1))
+    for bad in ("0", "-1", "al"):
+        try:
+            with contextlib.redirect_stderr(io.StringIO()):
+                parse_args(base + [bad])
+            check(f"--layer-times {bad} rejected", False)
+        except SystemExit as e:
+            check(f"--layer-times {bad} rejected", e.code == 2)
     print(f"bench.py selftest: {'PASS' if not fails else 'FAIL: ' + ', '.join(fails)}")
     return 1 if fails else 0
 
@@ -881,9 +921,10 @@ def parse_args(argv):
     ap.add_argument("--cudnn-sdpa", action="store_true",
                     help="decode with PyTorch's cuDNN attention (its default on this GPU; it "
                     "rebuilds a graph for every new KV length)")
-    ap.add_argument("--layer-times", type=int, nargs="?", const=1, metavar="STEP",
+    ap.add_argument("--layer-times", type=layer_times_arg, nargs="?", const=1, metavar="STEP",
                     help="time step STEP (default 1, the first, with its first-time work) layer "
-                    "by layer, on the host and the device")
+                    "by layer, on the host and the device; 'all': every step (JSON key "
+                    "layers_by_step), to set slow steps beside fast ones")
     ap.add_argument("--bw-bytes", type=int, default=GiB)
     ap.add_argument("--bw-reps", type=int, default=5)
     ap.add_argument("--print-budgets", metavar="PCTS", help="print PCT BYTES MIB lines and exit")

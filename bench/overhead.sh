@@ -20,7 +20,8 @@
 # of settings; its files are named with _ for : = and ,). ITERS: steps per run. WORKLOAD: decode
 # (the default) or prefill, the same A/B on the compute-bound workload.
 # CPUS: run every side under `taskset -c CPUS` (the step is host-bound: fewer migrations).
-# BENCH_ARGS: more bench.py options for every run, e.g. --layer-times (the first step by layer).
+# BENCH_ARGS: more bench.py options for every run, e.g. --layer-times (the first step by layer;
+# --layer-times all: every step).
 # PROFILE: a profile of the same model and workload (bench/run.sh leaves one in bench-logs.tar.gz).
 # FAKE=1: no GPU; bench.py makes numbers up and nothing is preloaded (tests this script).
 # Prints each run's median step, start-up (time to the first step's end, model build) and output
