@@ -1032,6 +1032,7 @@ uint64_t fs_res_launch_begin(struct fs_residency *res, struct fs_alloc *const *a
         } else if (LOAD(&a->state) == FS_RES_HOST ||
                    (LOAD(&a->state) == FS_RES_STAGED && (fixed || capturing))) {
             STAT(res, host_served, 1);
+            a->fp_valid = false; /* the launch may write the host copy */
             uint64_t now = fs_now_ns();
             fs_rt_span(FS_RT_HOST_READ, a->id, a->mapped, now, now);
         }
@@ -1251,8 +1252,15 @@ int fs_res_move_begin(struct fs_residency *res, uint64_t id, bool evict, struct 
             rc = fs_block_copy(res->dev, m->block, a->host->copy_va, a->mapped, true, res->h2d);
             if (rc == FS_OK)
                 rc = fs_dev_call(res->dev, event_record, m->ev, res->h2d);
-            if (rc == FS_OK)
+            if (rc == FS_OK && a->fp_valid) {
+                /* The copy is of a host copy whose fingerprint is known: nothing wrote it since
+                 * (a launch served from host memory forgets it), and moves begin here only in
+                 * tracked mode with no unreadable launch, so no unseen one wrote it either. */
+                m->fp = a->fp;
+                m->fp_known = true;
+            } else if (rc == FS_OK) {
                 rc = move_queue_prefetch_fp(res, m);
+            }
         }
     }
     if (rc == FS_OK && m->staged && !evict) {

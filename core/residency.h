@@ -84,7 +84,8 @@ struct fs_alloc {
     bool frozen;
     int index;              /* in fs_residency.allocs */
     struct fs_fp fp;        /* fingerprint of the host copy, when fp_valid */
-    bool fp_valid;          /* host block and device copy agreed when fp was taken */
+    bool fp_valid;          /* host block and device copy agreed when fp was taken, and no
+                             * launch served from host memory has run since (it may write it) */
     /* moving onto the device with its VA already on the device block: launches make their
      * stream wait for ARRIVE_EV (the copy) instead of waiting on the host (atomic; both change
      * under the lock) */

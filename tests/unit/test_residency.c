@@ -1082,6 +1082,7 @@ static void test_prefetch_fingerprint_beside_the_link(void **state)
     for (int i = 0; i < 2; i++) {
         A[i] = fs_res_lookup(&e.res, v[i]);
         assert_int_equal(fs_res_evict_id(&e.res, A[i]->id), FS_OK);
+        A[i]->fp_valid = false; /* as after a launch served from host: the stage-in takes one */
         move_init(&e, &m[i]);
     }
     assert_int_equal(fs_dev_call(e.dev, ctx_sync), FS_OK);
@@ -1104,6 +1105,77 @@ static void test_prefetch_fingerprint_beside_the_link(void **state)
     }
     check(&e, v[0], sz, 0, 1); /* written back */
     check(&e, v[1], sz, 1, 0);
+    env_close(&e);
+}
+
+static void sub_one(void *ctx, void *const *ptrs, int nptrs)
+{
+    struct kctx *k = ctx;
+    (void)nptrs;
+    uint32_t *p = ptrs[0];
+    for (uint32_t i = 0; i < k->words; i++)
+        p[i] -= 1;
+}
+
+/* A stage-in of a host copy whose fingerprint is known takes none (an HBM read of every staged
+ * byte saved): the stage's end compares with the host copy's; a changed stage is written back,
+ * an unchanged one is not. */
+static void test_stage_in_reuses_the_host_fingerprint(void **state)
+{
+    (void)state;
+    struct env e;
+    env_open(&e, 64 * MIB, false);
+    fs_dptr v;
+    uint64_t sz = 16 * MIB;
+    struct kctx k = {.words = (uint32_t)(sz / 4)};
+    struct fs_alloc *A = alloc_staged_role(&e, &v, sz);
+    assert_true(A->fp_valid); /* the eviction fingerprinted what it wrote back */
+    struct fs_res_move m = {0};
+    move_init(&e, &m);
+    stage_move(&e, A->id, false, &m);
+    assert_false(m.fp_queued);
+    assert_true(A->fp_valid);
+    launch(&e, &v, &sz, 1, 1000, add_one, &k); /* redirected to the stage */
+    struct fs_res_stats s0, s1;
+    fs_res_get_stats(&e.res, &s0);
+    stage_move(&e, A->id, true, &m);
+    fs_res_get_stats(&e.res, &s1);
+    assert_int_equal(s1.clean_evictions, s0.clean_evictions); /* changed: written back */
+    check(&e, v, sz, 0, 1);
+    stage_move(&e, A->id, false, &m);
+    assert_false(m.fp_queued);
+    stage_move(&e, A->id, true, &m);
+    fs_res_get_stats(&e.res, &s0);
+    assert_int_equal(s0.clean_evictions, s1.clean_evictions + 1); /* unchanged: not */
+    check(&e, v, sz, 0, 1);
+    move_fini(&e, &m);
+    env_close(&e);
+}
+
+/* A launch served from host memory may write the host copy, so its known fingerprint is
+ * forgotten: the next stage-in takes one. Else a stage turned back into the old bytes (here
+ * add_one on host, then sub_one on the stage) would compare equal to the old fingerprint and the
+ * host copy keep the write the stage undid. */
+static void test_host_served_launch_forgets_the_fingerprint(void **state)
+{
+    (void)state;
+    struct env e;
+    env_open(&e, 64 * MIB, false);
+    fs_dptr v;
+    uint64_t sz = 16 * MIB;
+    struct kctx k = {.words = (uint32_t)(sz / 4)};
+    struct fs_alloc *A = alloc_staged_role(&e, &v, sz);
+    assert_true(A->fp_valid);
+    launch(&e, &v, &sz, 1, 1000, add_one, &k); /* on host: not staged yet */
+    assert_false(A->fp_valid);
+    struct fs_res_move m = {0};
+    move_init(&e, &m);
+    stage_move(&e, A->id, false, &m);
+    assert_true(m.fp_queued);
+    launch(&e, &v, &sz, 1, 1000, sub_one, &k); /* on the stage */
+    stage_move(&e, A->id, true, &m);
+    check(&e, v, sz, 0, 0);
+    move_fini(&e, &m);
     env_close(&e);
 }
 
@@ -1474,6 +1546,8 @@ int main(void)
         cmocka_unit_test(test_stage_redirects_launches_and_writes_back),
         cmocka_unit_test(test_stage_synchronous_moves),
         cmocka_unit_test(test_prefetch_fingerprint_beside_the_link),
+        cmocka_unit_test(test_stage_in_reuses_the_host_fingerprint),
+        cmocka_unit_test(test_host_served_launch_forgets_the_fingerprint),
         cmocka_unit_test(test_kept_allocations_record_no_events),
         cmocka_unit_test(test_kept_use_on_another_stream_is_waited_for),
         cmocka_unit_test(test_end_pointer_goes_with_its_allocation),
