@@ -404,6 +404,13 @@ def times_step(args, step):
     return args.layer_times is not None and args.layer_times in (step, ALL_STEPS)
 
 
+def step_layers(model, args, step):
+    """A StepLayers for step STEP when it is timed layer by layer, else None."""
+    if not times_step(args, step):
+        return None
+    return StepLayers(model, step, args.layer_times == ALL_STEPS)
+
+
 class StepLayers:
     """--layer-times N: where step N's time goes, layer by layer (step 1, the first, carries the
     program's first-time work: kernel loading, library heuristics, the shim's first moves; a
@@ -413,10 +420,11 @@ class StepLayers:
     the host clock. Decode's step 1 is the prompt's forward (its layers first) and the first
     decode step."""
 
-    def __init__(self, model, step):
+    def __init__(self, model, step, every=False):
         import torch
 
-        self.torch, self.step = torch, step
+        # EVERY: one of every step's (--layer-times all), kept in a list
+        self.torch, self.step, self.every = torch, step, every
         mods = [(f"layer{i}", m) for i, m in enumerate(gpu_layers(model))]
         if getattr(model, "lm_head", None) is not None:
             mods.append(("lm_head", model.lm_head))
@@ -432,9 +440,8 @@ class StepLayers:
     def hook_for(self, name):
         return lambda module, inputs: self.mark(name)
 
-    def finish(self, res, every=False):
-        """After the step's synchronize: the per-layer times into RES (EVERY: one entry of the
-        list of every step's), hooks removed."""
+    def finish(self, res):
+        """After the step's synchronize: the per-layer times into RES, hooks removed."""
         self.mark("end")
         self.torch.cuda.synchronize()
         for h in self.handles:
@@ -442,7 +449,7 @@ class StepLayers:
         rows = [[name, r3((t1 - t0) * 1000), r3(e0.elapsed_time(e1))]
                 for (name, t0, e0), (_, t1, e1) in zip(self.marks, self.marks[1:])]
         # [name, host ms, device ms] from each mark to the next
-        if every:
+        if self.every:
             res.setdefault("layers_by_step", []).append({"step": self.step, "rows": rows})
         else:
             res["step_layers"] = {"step": self.step, "rows": rows}
@@ -471,13 +478,13 @@ def run_prefill(model, args, res, stop):
     with torch.no_grad():
         for i in range(args.iters):
             torch.cuda.synchronize()
-            layers = StepLayers(model, i + 1) if times_step(args, i + 1) else None
+            layers = step_layers(model, args, i + 1)
             t0 = time.perf_counter()
             out = model(input_ids=x, use_cache=False)
             torch.cuda.synchronize()
             times.append(time.perf_counter() - t0)
             if layers:
-                layers.finish(res, args.layer_times == ALL_STEPS)
+                layers.finish(res)
             if i == 0:
                 res["ttfs_s"] = r3(process_age_s())
                 res["ttfs_launcher_s"] = r3(launcher_age_s())
@@ -516,7 +523,7 @@ def run_decode(model, args, res, stop):
     times = []
     with torch.no_grad():
         torch.cuda.synchronize()
-        layers = StepLayers(model, 1) if times_step(args, 1) else None
+        layers = step_layers(model, args, 1)
         t0 = time.perf_counter()
         out = model(input_ids=prompt, use_cache=True)
         past = out.past_key_values
@@ -527,8 +534,8 @@ def run_decode(model, args, res, stop):
         toks = [cur]
         for i in range(args.iters):
             torch.cuda.synchronize()
-            if times_step(args, i + 1) and i > 0:
-                layers = StepLayers(model, i + 1)
+            if i > 0:
+                layers = step_layers(model, args, i + 1)
             t0 = time.perf_counter()
             out = model(input_ids=cur, past_key_values=past, use_cache=True)
             past = out.past_key_values
@@ -537,8 +544,8 @@ def run_decode(model, args, res, stop):
             times.append(time.perf_counter() - t0)
             toks.append(cur)
             del out
-            if layers and times_step(args, i + 1):  # step 1: the prompt and decode step 1
-                layers.finish(res, args.layer_times == ALL_STEPS)
+            if layers:  # step 1: the prompt and decode step 1
+                layers.finish(res)
                 layers = None
             if i == 0:
                 res["ttfs_s"] = r3(process_age_s())
@@ -736,13 +743,9 @@ def write_json(path, obj):
 # ---- self-test (pure Python) -----------------------------------------------------------------
 def selftest():
     import prefetch_pipeline as pl
+    from selfcheck import Checks
 
-    fails = []
-
-    def check(name, cond, detail=""):
-        print(f"{'ok  ' if cond else 'FAIL'} {name}{': ' + str(detail) if detail else ''}")
-        if not cond:
-            fails.append(name)
+    check = Checks("bench.py")
 
     # The 1b is llama_test.py's model: 2142 MiB of bf16 weights (docs/RESULTS.md).
     wb1 = weight_bytes(MODELS["1b"])
@@ -896,8 +899,7 @@ def selftest():
             check(f"--layer-times {bad} rejected", False)
         except SystemExit as e:
             check(f"--layer-times {bad} rejected", e.code == 2)
-    print(f"bench.py selftest: {'PASS' if not fails else 'FAIL: ' + ', '.join(fails)}")
-    return 1 if fails else 0
+    return check.done()
 
 
 # ---- command line ----------------------------------------------------------------------------

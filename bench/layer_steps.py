@@ -46,6 +46,16 @@ def split(steps):
     return [s for s in steps if s[1] <= med], [s for s in steps if s[1] > med]
 
 
+def mean_step(steps):
+    """Mean step ms of STEPS (0 when none)."""
+    return statistics.fmean(t for _, t, _ in steps) if steps else 0.0
+
+
+def mean_device(steps):
+    """Mean device ms of all layers of STEPS (0 when none)."""
+    return statistics.fmean(sum(d.values()) for _, _, d in steps) if steps else 0.0
+
+
 def layer_means(steps):
     """{layer: mean device ms} over STEPS (layers in the order of the first step)."""
     if not steps:
@@ -65,10 +75,11 @@ def summarize(paths, base=None, out=sys.stdout):
                   f"--layer-times all)", file=out)
             continue
         fast, slow = split(steps)
-        print(f"{os.path.basename(path)}: " + " ".join(
-            f"{n}:{t:.1f}{'*' if (n, t, d) in slow else ''}" for n, t, d in steps)
-            + f"  (* slow; fast {statistics.fmean(t for _, t, _ in fast):.1f}, slow "
-            f"{statistics.fmean(t for _, t, _ in slow):.1f})" if slow else "", file=out)
+        slow_steps = {n for n, _, _ in slow}
+        line = " ".join(f"{n}:{t:.1f}{'*' if n in slow_steps else ''}" for n, t, _ in steps)
+        if slow:
+            line += f"  (* slow; fast {mean_step(fast):.1f}, slow {mean_step(slow):.1f})"
+        print(f"{os.path.basename(path)}: {line}", file=out)
         f_all, s_all = sides.setdefault(side_of(path), ([], []))
         f_all.extend(fast)
         s_all.extend(slow)
@@ -77,14 +88,9 @@ def summarize(paths, base=None, out=sys.stdout):
     print("\nside: mean step ms (fast / slow), device ms of all layers (fast / slow), steps",
           file=out)
     for side, (fast, slow) in sides.items():
-        def mean_dev(steps):
-            return statistics.fmean(sum(d.values()) for _, _, d in steps) if steps else 0.0
-
-        def mean_t(steps):
-            return statistics.fmean(t for _, t, _ in steps) if steps else 0.0
-
-        print(f"  {side}: {mean_t(fast):.2f} / {mean_t(slow):.2f}; {mean_dev(fast):.2f} / "
-              f"{mean_dev(slow):.2f}; {len(fast)} fast, {len(slow)} slow", file=out)
+        print(f"  {side}: {mean_step(fast):.2f} / {mean_step(slow):.2f}; "
+              f"{mean_device(fast):.2f} / {mean_device(slow):.2f}; {len(fast)} fast, "
+              f"{len(slow)} slow", file=out)
     base = base or next(iter(sides))
     if base not in sides:
         print(f"--base {base}: no such side (sides: {', '.join(sides)})", file=out)
@@ -93,7 +99,8 @@ def summarize(paths, base=None, out=sys.stdout):
     for side, (fast, slow) in sides.items():
         if side == base:
             continue
-        for label, mine, theirs in (("fast", layer_means(fast), bf), ("slow", layer_means(slow), bs)):
+        for label, mine, theirs in (("fast", layer_means(fast), bf),
+                                    ("slow", layer_means(slow), bs)):
             diff = sorted(((mine[k] - theirs.get(k, 0.0), k) for k in mine), reverse=True)
             total = sum(d for d, _ in diff)
             print(f"{side} - {base}, {label} steps: {total:+.2f} ms over all layers; most: " +
@@ -105,12 +112,9 @@ def selftest():
     import io
     import tempfile
 
-    fails = []
+    from selfcheck import Checks
 
-    def check(name, cond, detail=""):
-        print(f"{'ok  ' if cond else 'FAIL'} {name}{': ' + str(detail) if detail and not cond else ''}")
-        if not cond:
-            fails.append(name)
+    check = Checks("layer_steps.py")
 
     def result(step_ms, extra_layer1):
         # Step i: layer0 5 ms, layer1 5 ms (+ EXTRA in slow steps); step 1 is warm-up.
@@ -143,8 +147,7 @@ def selftest():
         buf = io.StringIO()
         summarize([empty], out=buf)
         check("a run without layer times is named", "fewer than two timed steps" in buf.getvalue())
-    print(f"layer_steps.py selftest: {'PASS' if not fails else 'FAIL: ' + ', '.join(fails)}")
-    return 1 if fails else 0
+    return check.done()
 
 
 def main(argv):

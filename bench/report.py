@@ -897,12 +897,9 @@ SHIM_SAMPLE = """[flexshim 99] info: allocations: 0 managed (0 bytes), 0 passed 
 def selftest():
     import tempfile
 
-    fails = []
+    from selfcheck import Checks
 
-    def check(name, cond, detail=""):
-        print(f"{'ok  ' if cond else 'FAIL'} {name}{': ' + str(detail) if detail and not cond else ''}")
-        if not cond:
-            fails.append(name)
+    check = Checks("report.py")
 
     f = parse_fields(["commit=313e205", "run_id=20261203", "total_budget_s=520", "fake=0"])
     check("fields: a commit stays text, numbers are numbers",
@@ -1105,8 +1102,7 @@ def selftest():
             cmd_build(argparse.Namespace(files=[empty], out=os.path.join(d, "o2")))
         check("empty input", all(os.path.exists(os.path.join(d, "o2", f))
                                  for f in ("bench.json", "bench.svg", "summary.txt")))
-    print(f"report.py selftest: {'PASS' if not fails else 'FAIL: ' + ', '.join(fails)}")
-    return 1 if fails else 0
+    return check.done()
 
 
 def main(argv=None):

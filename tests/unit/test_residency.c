@@ -72,13 +72,24 @@ struct kctx {
     uint32_t words; /* per range */
 };
 
-static void add_one(void *ctx, void *const *ptrs, int nptrs)
+/* Add D (modulo 2^32) to every word of the first range. */
+static void add_to_words(const struct kctx *k, void *const *ptrs, uint32_t d)
 {
-    struct kctx *k = ctx;
-    (void)nptrs;
     uint32_t *p = ptrs[0];
     for (uint32_t i = 0; i < k->words; i++)
-        p[i] += 1;
+        p[i] += d;
+}
+
+static void add_one(void *ctx, void *const *ptrs, int nptrs)
+{
+    (void)nptrs;
+    add_to_words(ctx, ptrs, 1);
+}
+
+static void sub_one(void *ctx, void *const *ptrs, int nptrs)
+{
+    (void)nptrs;
+    add_to_words(ctx, ptrs, UINT32_MAX);
 }
 
 /* The program launches kernel FN over the first NPTRS allocations of PTRS (as parameters). The
@@ -1106,15 +1117,6 @@ static void test_prefetch_fingerprint_beside_the_link(void **state)
     check(&e, v[0], sz, 0, 1); /* written back */
     check(&e, v[1], sz, 1, 0);
     env_close(&e);
-}
-
-static void sub_one(void *ctx, void *const *ptrs, int nptrs)
-{
-    struct kctx *k = ctx;
-    (void)nptrs;
-    uint32_t *p = ptrs[0];
-    for (uint32_t i = 0; i < k->words; i++)
-        p[i] -= 1;
 }
 
 /* A stage-in of a host copy whose fingerprint is known takes none (an HBM read of every staged
