@@ -574,7 +574,7 @@ static const struct command commands[] = {
     {"show", "FILE", "a readable summary of a profile and its plan", show_run, show_help},
     {"simulate", "FILE --budget SIZE[,SIZE...] [--strategy NAME|all]",
      "plan under budgets with each strategy (timeline model)", simulate_run, simulate_help},
-    {"trace", "FILE -o OUT.json [--budget SIZE] [--strategy NAME]",
+    {"trace", "FILE -o OUT.json [--budget SIZE] [--strategy NAME] [--replay N ...]",
      "the planned iteration as a Chrome/Perfetto trace", trace_run, trace_help},
     {"config", "--dump | --check | --ini", "show or validate the configuration", config_run,
      config_help},
@@ -957,17 +957,33 @@ static int check_settings(const char *cmd, const char *text)
     return -1;
 }
 
-/* --replay N: *OUT = N (3 to 1000); -1, or the exit code after a message. */
-static int parse_replay(const char *cmd, const char *text, int *out)
+/* The replay's options of A: --replay N sets *ITERS (3 to 1000; 0 without it), and
+ * --offload-mode and --set, which only a replay takes (the timeline model plans prefetches only
+ * and knows no settings), are checked. -1, or the exit code after a message. */
+static int parse_replay_opts(const char *cmd, const struct args *a, int *iters)
 {
-    char *end;
-    errno = 0;
-    long v = strtol(text, &end, 10);
-    if (errno || end == text || *end || v < 3 || v > 1000)
-        return usage_error(cmd, "--replay '%s' is not a number of iterations from 3 to 1000",
-                           text);
-    *out = (int)v;
-    return -1;
+    *iters = 0;
+    if (a->replay) {
+        char *end;
+        errno = 0;
+        long v = strtol(a->replay, &end, 10);
+        if (errno || end == a->replay || *end || v < 3 || v > 1000)
+            return usage_error(cmd, "--replay '%s' is not a number of iterations from 3 to 1000",
+                               a->replay);
+        *iters = (int)v;
+    }
+    struct fs_value mode;
+    char why[256];
+    if (a->offload &&
+        fs_config_parse(FS_P_OFFLOAD_MODE, a->offload, &mode, why, sizeof(why)) != FS_OK)
+        return usage_error(cmd, "--offload-mode '%s': %s", a->offload, why);
+    if (a->offload && mode.u != FS_OFFLOAD_PREFETCH && !a->replay)
+        return usage_error(cmd, "--offload-mode %s needs --replay N: the timeline model plans "
+                                "prefetches only, the replay runs the other modes",
+                           a->offload);
+    if (a->set && !a->replay)
+        return usage_error(cmd, "--set needs --replay N: the settings are the replayed engine's");
+    return a->set ? check_settings(cmd, a->set) : -1;
 }
 
 /* The plan of STRATEGY for BYTES replayed on the simulated device: R's median iteration time
@@ -1005,21 +1021,8 @@ static int simulate_run(int argc, char **argv)
     if (!a.budget)
         return usage_error(c->name, "--budget is required: one or more sizes such as 8GiB or 60%%, "
                                     "separated by commas");
-    int replay_iters = 0;
-    if (a.replay && (rc = parse_replay(c->name, a.replay, &replay_iters)) >= 0)
-        return rc;
-    struct fs_value mode;
-    char why[256];
-    if (a.offload && fs_config_parse(FS_P_OFFLOAD_MODE, a.offload, &mode, why, sizeof(why)) != FS_OK)
-        return usage_error(c->name, "--offload-mode '%s': %s", a.offload, why);
-    if (a.offload && mode.u != FS_OFFLOAD_PREFETCH && !a.replay)
-        return usage_error(c->name, "--offload-mode %s needs --replay N: the timeline model "
-                                    "plans prefetches only, the replay runs the other modes",
-                           a.offload);
-    if (a.set && !a.replay)
-        return usage_error(c->name, "--set needs --replay N: the settings are the replayed "
-                                    "engine's");
-    if (a.set && (rc = check_settings(c->name, a.set)) >= 0)
+    int replay_iters;
+    if ((rc = parse_replay_opts(c->name, &a, &replay_iters)) >= 0)
         return rc;
     const struct fs_strategy *strat[FS_MAX_STRATEGIES + 1];
     if ((rc = pick_strategies(c->name, a.strategy, true, strat)) >= 0)
@@ -1138,7 +1141,7 @@ static int simulate_run(int argc, char **argv)
 static void trace_help(FILE *out)
 {
     fputs("usage: flexshim-profile trace FILE -o OUT.json [--budget SIZE] [--strategy NAME]\n"
-          "                              [--replay N]\n"
+          "                              [--replay N [--offload-mode MODE] [--set KEY=VALUE,...]]\n"
           "\n"
           "Writes the planned iteration of the profile FILE as Chrome trace-event JSON, which\n"
           "Perfetto (ui.perfetto.dev) and chrome://tracing open: process \"flexshim plan\" with\n"
@@ -1162,6 +1165,8 @@ static void trace_help(FILE *out)
           "                         its kernels, its copies in (prefetches, fault-ins) and out\n"
           "                         (write-backs), and a fourth lane, the program's thread held in\n"
           "                         the launch hook (waiting for a late prefetch, faulting in)\n"
+          "  --offload-mode MODE    the replay's OFFLOAD_MODE, as for simulate\n"
+          "  --set KEY=VALUE,...    other settings of the replayed engine, as for simulate\n"
           "Without either the saved plan is drawn; --budget alone keeps the saved plan's strategy\n"
           "(adaptive if there is none), --strategy alone the saved plan's budget.\n",
           out);
@@ -1344,7 +1349,8 @@ static int write_json(const char *cmd, json_t *root, const char *out)
  * the replay's engine plans the same again (same profile, budget and strategy). -1, or the exit
  * code after a message. */
 static int trace_replay(const char *cmd, const struct fs_profile *p, struct fs_plan *plan,
-                        int iterations, struct trace_ctx *t, struct fs_replay_result *res)
+                        int iterations, const struct args *a, struct trace_ctx *t,
+                        struct fs_replay_result *res)
 {
     char why[512] = "";
     if (!plan->entries && eval_saved_plan(p, plan, NULL, NULL, why, sizeof(why)) != FS_OK) {
@@ -1357,6 +1363,8 @@ static int trace_replay(const char *cmd, const struct fs_profile *p, struct fs_p
     struct fs_replay_config cfg = {.budget = plan->budget,
                                    .strategy = fs_strategy_find(base) ? base : NULL,
                                    .iterations = iterations,
+                                   .offload_mode = a->offload,
+                                   .settings = a->set,
                                    .trace = trace_sink,
                                    .trace_arg = t};
     if (fs_replay(p, &cfg, res, why, sizeof(why)) != FS_OK) {
@@ -1370,13 +1378,14 @@ static int trace_run(int argc, char **argv)
 {
     const struct command *c = command_named("trace");
     struct args a;
-    int rc = parse_args(c, argc, argv, OPT_BUDGET | OPT_STRATEGY | OPT_OUT | OPT_REPLAY, &a);
+    int rc = parse_args(c, argc, argv,
+                        OPT_BUDGET | OPT_STRATEGY | OPT_OUT | OPT_REPLAY | OPT_OFFLOAD | OPT_SET, &a);
     if (rc >= 0)
         return rc;
     if (!a.out)
         return usage_error(c->name, "-o OUT.json is required: the trace file to write");
-    int replay_iters = 0;
-    if (a.replay && (rc = parse_replay(c->name, a.replay, &replay_iters)) >= 0)
+    int replay_iters;
+    if ((rc = parse_replay_opts(c->name, &a, &replay_iters)) >= 0)
         return rc;
     const struct fs_strategy *strat[FS_MAX_STRATEGIES + 1];
     if (a.strategy && (rc = pick_strategies(c->name, a.strategy, false, strat)) >= 0)
@@ -1404,7 +1413,7 @@ static int trace_run(int argc, char **argv)
     if (rc >= 0)
         goto out;
     if (replay_iters > 0) {
-        if ((rc = trace_replay(c->name, &p, &plan, replay_iters, &t, &res)) >= 0)
+        if ((rc = trace_replay(c->name, &p, &plan, replay_iters, &a, &t, &res)) >= 0)
             goto out;
     } else if (!a.budget && !a.strategy) {
         if (eval_saved_plan(&p, &plan, trace_sink, &t, why, sizeof(why)) != FS_OK) {
@@ -1428,10 +1437,15 @@ static int trace_run(int argc, char **argv)
                                     "(the last replayed iteration), not a GPU run"
                                   : "flexshim timeline model of the planned iteration, not a GPU "
                                     "run");
-    if (root && replay_iters &&
-        json_object_set_new(json_object_get(root, "otherData"), "replay_median_ms",
-                            json_real(ms(res.step_us))) != 0)
-        t.failed = true;
+    if (root && replay_iters) {
+        /* What the replay ran: its median and the settings it ran with. */
+        json_t *other = json_object_get(root, "otherData");
+        if (json_object_set_new(other, "replay_median_ms", json_real(ms(res.step_us))) != 0 ||
+            json_object_set_new(other, "replay_offload_mode",
+                                json_string(a.offload ? a.offload : "prefetch")) != 0 ||
+            json_object_set_new(other, "replay_settings", json_string(a.set ? a.set : "")) != 0)
+            t.failed = true;
+    }
     if (!root || t.failed) {
         t.failed = true;
         goto out;

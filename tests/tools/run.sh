@@ -233,6 +233,16 @@ expect "trace: --budget alone: the new plan's prediction" "$tmp/o" 'predicted 18
 run "$tmp/o" "$tmp/e" trace "$SMALL" -o "$tmp/replay.json" --budget 128MiB --replay 6
 expect_rc "trace --replay: exits 0" 0 $rc "$tmp/e"
 expect "trace --replay: says what it drew" "$tmp/o" "^wrote $tmp/replay\.json: [0-9]+ events \(7 launches, [1-9][0-9]* copies in: prefetches and fault-ins, [0-9]+ write-backs, [0-9]+ waits in the launch hook; the last of 6 replayed iterations, median [0-9.]+ ms; timeline model 18\.495 ms\)$"
+run "$tmp/o" "$tmp/e" trace "$SMALL" -o "$tmp/replay-redirect.json" --budget 128MiB --replay 6 --offload-mode redirect --set PLAN_HEADROOM=1MiB
+expect_rc "trace --replay --offload-mode redirect --set: exits 0" 0 $rc "$tmp/e"
+python3 -c 'import json, sys; o = json.load(open(sys.argv[1]))["otherData"]; sys.exit(o.get("replay_offload_mode") != "redirect" or o.get("replay_settings") != "PLAN_HEADROOM=1MiB")' "$tmp/replay-redirect.json" &&
+    ok "trace --replay: the trace names the replay's offload mode and settings" ||
+    fail "trace --replay: the trace names the replay's offload mode and settings" "$(head -c 400 "$tmp/replay-redirect.json")"
+run "$tmp/o" "$tmp/e" trace "$SMALL" -o "$tmp/x.json" --offload-mode redirect
+expect_rc "trace --offload-mode redirect without --replay exits 2" 2 $rc "$tmp/e"
+expect "trace --offload-mode redirect without --replay says why" "$tmp/e" 'redirect needs --replay N: the timeline model plans prefetches only'
+run "$tmp/o" "$tmp/e" trace "$SMALL" -o "$tmp/x.json" --replay 6 --set NO_SUCH=1
+expect_rc "trace --set with an unknown setting exits 2" 2 $rc "$tmp/e"
 cat >"$tmp/check_replay.py" <<'EOF'
 # check_replay.py TRACE NLAUNCHES: a replay trace's structure; prints what is wrong.
 import json, sys
