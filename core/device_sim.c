@@ -8,6 +8,15 @@
  * sit in a pending array sorted by (end, enqueue order); they take effect when the clock reaches
  * their end.
  *
+ * Clocks: NOW_NS is the program's thread's (it moves when that thread waits or the tests advance
+ * it). The engine's threads (fs_thread_internal) share another, ENGINE_NS: their waits move it
+ * and execute what ends by then, but leave the program's clock alone, as on a GPU, where the
+ * program goes on queueing work while the engine's finishers wait for copies (the engine's
+ * threads hand work to each other, so one clock for all of them). Each engine thread's own host
+ * work (remaps) delays only what that thread queues next (tl_host_ready_ns). An operation starts
+ * no earlier than the clock of the thread that queued it; a program thread that waited for the
+ * engine takes the engine's clock (fs_sim_join_engine_clock).
+ *
  * Engines: H2D (host->device and host->host copies), D2H, D2D and one compute engine for kernels.
  * Each engine runs one operation at a time, in enqueue order.
  *
@@ -111,7 +120,9 @@ struct sim {
     struct fs_device dev;
     pthread_mutex_t lock;
     struct fs_sim_config cfg;
-    uint64_t now_ns;
+    uint64_t now_ns;    /* the program's thread's clock */
+    uint64_t engine_ns; /* the engine's threads' clock */
+    uint64_t id;        /* from sims_opened */
     uint64_t horizon_ns; /* the latest end of anything queued (ctx_sync target) */
     uint64_t engine_free_ns[ENG_COUNT];
     uint64_t seq;
@@ -140,8 +151,16 @@ struct sim {
 
 static const struct fs_device_ops sim_ops;
 
-/* When the calling engine thread's own host work (remaps) is done, on the modelled clock. */
+/* When the calling engine thread's own host work (remaps) is done, on the modelled clock of the
+ * simulated device numbered TL_SIM (a thread that outlives one device starts afresh on the next). */
 static __thread uint64_t tl_host_ready_ns;
+static __thread uint64_t tl_sim;
+static uint64_t sims_opened; /* atomic; numbers the devices from 1 */
+
+static uint64_t host_ready(const struct sim *s)
+{
+    return tl_sim == s->id ? tl_host_ready_ns : 0;
+}
 
 /* ---- small helpers ---------------------------------------------------------------------- */
 
@@ -380,13 +399,18 @@ static void record(struct sim *s, const struct sim_op *op)
     s->recorder(s->recorder_arg, &r);
 }
 
-/* Move the clock to TARGET (never backwards), executing every pending operation that ends by
- * then, in (end, enqueue) order. */
-static int run_until(struct sim *s, uint64_t target)
+/* The calling thread's clock (see the top of the file). */
+static uint64_t thread_now(const struct sim *s)
+{
+    return fs_thread_internal ? max_u64(max_u64(s->now_ns, s->engine_ns), host_ready(s))
+                              : s->now_ns;
+}
+
+/* Execute every pending operation that ends by TARGET, in (end, enqueue) order. */
+static int execute_until(struct sim *s, uint64_t target)
 {
     while (!s->sticky && s->npending && s->pending[s->npending - 1]->end_ns <= target) {
         struct sim_op *op = s->pending[--s->npending];
-        s->now_ns = max_u64(s->now_ns, op->end_ns);
         if (op->kind == OPK_COPY)
             exec_copy(s, op);
         else
@@ -395,8 +419,18 @@ static int run_until(struct sim *s, uint64_t target)
             record(s, op);
         free(op);
     }
-    s->now_ns = max_u64(s->now_ns, target);
     return s->sticky ? FS_ERR_STICKY : FS_OK;
+}
+
+/* The calling thread waits until TARGET: its clock moves there (never backwards) and what ends
+ * by then is executed. */
+static int run_until(struct sim *s, uint64_t target)
+{
+    if (fs_thread_internal)
+        s->engine_ns = max_u64(s->engine_ns, target);
+    else
+        s->now_ns = max_u64(s->now_ns, target);
+    return execute_until(s, target);
 }
 
 /* Queue OP (malloc'd) on STREAM using ENGINE for DURATION_NS. Takes ownership of OP. */
@@ -407,9 +441,7 @@ static int enqueue(struct sim *s, struct sim_op *op, struct fs_stream_ *stream,
         free(op);
         return FS_ERR_NOMEM;
     }
-    uint64_t start = max_u64(max_u64(s->now_ns, stream->tail_ns), s->engine_free_ns[engine]);
-    if (fs_thread_internal)
-        start = max_u64(start, tl_host_ready_ns);
+    uint64_t start = max_u64(max_u64(thread_now(s), stream->tail_ns), s->engine_free_ns[engine]);
     op->stream = stream;
     op->by_engine = fs_thread_internal;
     op->start_ns = start;
@@ -433,7 +465,7 @@ static int enqueue(struct sim *s, struct sim_op *op, struct fs_stream_ *stream,
     s->pending[lo] = op;
     s->npending++;
     /* Zero-length work that is already due happens now. */
-    return run_until(s, s->now_ns);
+    return execute_until(s, thread_now(s));
 }
 
 /* ---- call framing ------------------------------------------------------------------------- */
@@ -656,10 +688,12 @@ static void host_time(struct sim *s, uint64_t size, uint64_t ns_per_gib)
     if (!ns_per_gib)
         return;
     uint64_t cost = (uint64_t)((double)size * (double)ns_per_gib / (1ull << 30));
-    if (fs_thread_internal)
-        tl_host_ready_ns = max_u64(tl_host_ready_ns, s->now_ns) + cost;
-    else
+    if (fs_thread_internal) {
+        tl_host_ready_ns = thread_now(s) + cost;
+        tl_sim = s->id;
+    } else {
         run_until(s, s->now_ns + cost);
+    }
 }
 
 static int map_locked(struct sim *s, fs_dptr va, uint64_t size, struct fs_phys_ *phys,
@@ -803,7 +837,7 @@ static int sim_stream_sync(struct fs_device *dev, fs_stream stream)
             capture_violation(s, "stream_sync");
             rc = FS_ERR_INVALID;
         } else {
-            rc = run_until(s, max_u64(s->now_ns, st->tail_ns));
+            rc = run_until(s, max_u64(thread_now(s), st->tail_ns));
         }
     }
     return sim_end(s, rc);
@@ -957,7 +991,7 @@ static int sim_event_record(struct fs_device *dev, fs_event event, fs_stream str
         } else {
             /* Zero time: complete once everything before it on the stream is. */
             e->recorded = true;
-            e->done_ns = max_u64(s->now_ns, st->tail_ns);
+            e->done_ns = max_u64(thread_now(s), st->tail_ns);
         }
     }
     return sim_end(s, rc);
@@ -973,8 +1007,10 @@ static int sim_event_query(struct fs_device *dev, fs_event event)
         struct fs_event_ *e = event_of(s, event);
         if (!e)
             rc = FS_ERR_INVALID;
-        else if (e->recorded && e->done_ns > s->now_ns)
+        else if (e->recorded && e->done_ns > thread_now(s))
             rc = FS_ERR_NOT_READY;
+        else if (e->recorded) /* an engine thread's clock may be ahead of what was executed */
+            rc = execute_until(s, e->done_ns);
     }
     return sim_end(s, rc);
 }
@@ -993,7 +1029,7 @@ static int sim_event_sync(struct fs_device *dev, fs_event event)
             capture_violation(s, "event_sync");
             rc = FS_ERR_INVALID;
         } else {
-            rc = run_until(s, e->recorded ? max_u64(s->now_ns, e->done_ns) : s->now_ns);
+            rc = run_until(s, e->recorded ? max_u64(thread_now(s), e->done_ns) : thread_now(s));
         }
     }
     return sim_end(s, rc);
@@ -1028,7 +1064,7 @@ static int sim_event_elapsed_ms(struct fs_device *dev, fs_event start, fs_event 
         struct fs_event_ *a = event_of(s, start), *b = event_of(s, end);
         if (!a || !b || !ms || !a->timing || !b->timing || !a->recorded || !b->recorded)
             rc = FS_ERR_INVALID;
-        else if (a->done_ns > s->now_ns || b->done_ns > s->now_ns)
+        else if (a->done_ns > thread_now(s) || b->done_ns > thread_now(s))
             rc = FS_ERR_NOT_READY;
         else
             *ms = (float)(((double)b->done_ns - (double)a->done_ns) / 1e6);
@@ -1047,7 +1083,7 @@ static int sim_ctx_sync(struct fs_device *dev)
             capture_violation(s, "ctx_sync");
             rc = FS_ERR_INVALID;
         } else {
-            rc = run_until(s, max_u64(s->now_ns, s->horizon_ns));
+            rc = run_until(s, max_u64(thread_now(s), s->horizon_ns));
         }
     }
     return sim_end(s, rc);
@@ -1249,6 +1285,7 @@ int fs_sim_open(const struct fs_sim_config *cfg, struct fs_device **out)
         return FS_ERR_NOMEM;
     }
     s->cfg = c;
+    s->id = __atomic_add_fetch(&sims_opened, 1, __ATOMIC_RELAXED);
     s->next_va = SIM_VA_BASE;
     list_init(&s->phys);
     list_init(&s->streams);
@@ -1377,6 +1414,16 @@ void fs_sim_advance_to(struct fs_device *dev, uint64_t t_ns)
         return;
     pthread_mutex_lock(&s->lock);
     run_until(s, t_ns); /* never backwards */
+    pthread_mutex_unlock(&s->lock);
+}
+
+void fs_sim_join_engine_clock(struct fs_device *dev)
+{
+    struct sim *s = sim_of(dev);
+    if (!s)
+        return;
+    pthread_mutex_lock(&s->lock);
+    run_until(s, s->engine_ns);
     pthread_mutex_unlock(&s->lock);
 }
 

@@ -7,6 +7,9 @@
  * latency; kernels: the duration given at launch). The clock moves forward only when the host
  * waits (stream_sync, event_sync, ctx_sync) or calls fs_sim_advance; an operation's effect on
  * memory (the copy, the kernel's function) happens when the clock passes its end, in end order.
+ * Two clocks: the program's thread's, and one the engine's threads (fs_thread_internal) share:
+ * an engine thread waiting for a copy does not hold the program's thread back, which on a GPU
+ * goes on queueing (fs_sim_join_engine_clock: the program waited for the engine).
  *
  * Invariant checks: an operation that touches a VA range that is not mapped when it executes
  * makes the context sticky-failed (as an illegal address does on a real GPU): every later call
@@ -122,7 +125,11 @@ void fs_sim_fail_nth(struct fs_device *dev, enum fs_sim_op op, uint64_t nth, int
 void fs_sim_advance(struct fs_device *dev, uint64_t ns);
 /* Move the clock to T_NS if it is earlier (another thread may have moved it meanwhile). */
 void fs_sim_advance_to(struct fs_device *dev, uint64_t t_ns);
+/* The program's clock (the calling thread's, for a thread that is not the engine's). */
 uint64_t fs_sim_now_ns(struct fs_device *dev);
+/* The calling thread waited for the engine's threads (a late prefetch): its clock moves to
+ * theirs, if that is later. */
+void fs_sim_join_engine_clock(struct fs_device *dev);
 
 /* Mark STREAM (NULL: the legacy default stream) as capturing into a graph, or not. Unknown
  * streams are ignored. Destroying a stream clears its mark. */

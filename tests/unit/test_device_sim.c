@@ -1671,7 +1671,10 @@ static void test_remap_host_time_per_thread(void **state)
     assert_int_equal(fs_dev_call(d, copy_async, vd, va, G, s), FS_OK);
     assert_int_equal(fs_dev_call(d, stream_sync, s), FS_OK);
     fs_thread_internal = false;
-    /* The copy started once the engine thread's remap was done. */
+    /* The engine thread's wait did not hold the program back... */
+    assert_int_equal(fs_sim_now_ns(d), cost);
+    /* ...and the copy started once the engine thread's remap was done. */
+    fs_sim_join_engine_clock(d);
     assert_int_equal(fs_sim_now_ns(d), 2 * cost + copy_ns(G, 55e9));
 
     assert_int_equal(fs_dev_call(d, unmap, va, G), FS_OK);
@@ -1681,6 +1684,71 @@ static void test_remap_host_time_per_thread(void **state)
     assert_int_equal(fs_dev_call(d, phys_release, ph), FS_OK);
     assert_int_equal(fs_dev_call(d, phys_release, pd), FS_OK);
     assert_int_equal(fs_dev_call(d, stream_destroy, s), FS_OK);
+    d->ops->close(d);
+}
+
+/* Two clocks: an engine thread waiting for a copy leaves the program's thread where it is (its
+ * next kernel starts at its own clock), while what the engine thread queues after the wait starts
+ * after it; the copy's bytes are there when the engine thread's wait returns. */
+static void test_engine_wait_keeps_the_program_clock(void **state)
+{
+    (void)state;
+    struct fs_sim_config cfg = {.device_bytes = 64 * MIB, .granularity = G,
+                                .host_phys_supported = true, .copy_latency_ns = 2000};
+    struct fs_device *d = NULL;
+    assert_int_equal(fs_sim_open(&cfg, &d), FS_OK);
+    fs_phys ph, pd;
+    fs_dptr vh, vd;
+    fs_stream copy_s, prog_s, next_s;
+    fs_event ev;
+    assert_int_equal(fs_dev_call(d, phys_create, G, FS_LOC_HOST, &ph), FS_OK);
+    assert_int_equal(fs_dev_call(d, phys_create, G, FS_LOC_DEVICE, &pd), FS_OK);
+    assert_int_equal(fs_dev_call(d, va_reserve, G, &vh), FS_OK);
+    assert_int_equal(fs_dev_call(d, va_reserve, G, &vd), FS_OK);
+    assert_int_equal(fs_dev_call(d, map, vh, G, ph, 0), FS_OK);
+    assert_int_equal(fs_dev_call(d, map, vd, G, pd, 0), FS_OK);
+    assert_int_equal(fs_dev_call(d, stream_create, &copy_s), FS_OK);
+    assert_int_equal(fs_dev_call(d, stream_create, &next_s), FS_OK);
+    assert_int_equal(fs_sim_stream_create(d, &prog_s), FS_OK);
+    assert_int_equal(fs_dev_call(d, event_create, false, &ev), FS_OK);
+    static const uint8_t pattern[16] = "two clocks, one";
+    assert_int_equal(fs_sim_write(d, vh, pattern, sizeof(pattern)), FS_OK);
+    const uint64_t t0 = fs_sim_now_ns(d);
+
+    fs_thread_internal = true;
+    assert_int_equal(fs_dev_call(d, copy_async, vd, vh, G, copy_s), FS_OK);
+    assert_int_equal(fs_dev_call(d, event_record, ev, copy_s), FS_OK);
+    assert_int_equal(fs_dev_call(d, event_sync, ev), FS_OK);
+    uint8_t got[16];
+    assert_int_equal(fs_sim_read(d, got, vd, sizeof(got)), FS_OK);
+    assert_memory_equal(got, pattern, sizeof(pattern));
+    const uint64_t copied = t0 + copy_ns(G, 55e9);
+    /* Queued after the wait: starts after the copy, though the program's clock is behind. */
+    assert_int_equal(fs_dev_call(d, event_record, ev, next_s), FS_OK);
+    assert_int_equal(fs_dev_call(d, event_query, ev), FS_OK);
+    fs_thread_internal = false;
+    assert_int_equal(fs_sim_now_ns(d), t0);
+    /* The program's event on an idle stream is done at its own clock, not the engine's. */
+    assert_int_equal(fs_dev_call(d, event_record, ev, prog_s), FS_OK);
+    assert_int_equal(fs_dev_call(d, event_query, ev), FS_OK);
+    /* Its kernel starts now, beside the engine's wait, and ends 1 us later. */
+    assert_int_equal(fs_sim_launch(d, prog_s, 1000, NULL, NULL, 0, NULL, NULL), FS_OK);
+    assert_int_equal(fs_dev_call(d, stream_sync, prog_s), FS_OK);
+    assert_int_equal(fs_sim_now_ns(d), t0 + 1000);
+    assert_true(t0 + 1000 < copied);
+    fs_sim_join_engine_clock(d);
+    assert_int_equal(fs_sim_now_ns(d), copied);
+
+    assert_int_equal(fs_dev_call(d, event_destroy, ev), FS_OK);
+    assert_int_equal(fs_dev_call(d, stream_destroy, copy_s), FS_OK);
+    assert_int_equal(fs_dev_call(d, stream_destroy, next_s), FS_OK);
+    assert_int_equal(fs_dev_call(d, stream_destroy, prog_s), FS_OK);
+    assert_int_equal(fs_dev_call(d, unmap, vh, G), FS_OK);
+    assert_int_equal(fs_dev_call(d, unmap, vd, G), FS_OK);
+    assert_int_equal(fs_dev_call(d, va_release, vh, G), FS_OK);
+    assert_int_equal(fs_dev_call(d, va_release, vd, G), FS_OK);
+    assert_int_equal(fs_dev_call(d, phys_release, ph), FS_OK);
+    assert_int_equal(fs_dev_call(d, phys_release, pd), FS_OK);
     d->ops->close(d);
 }
 
@@ -1718,6 +1786,7 @@ int main(void)
         cmocka_unit_test(test_close_frees_leaked_objects),
         cmocka_unit_test(test_threads_smoke),
         cmocka_unit_test(test_remap_host_time_per_thread),
+        cmocka_unit_test(test_engine_wait_keeps_the_program_clock),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }
