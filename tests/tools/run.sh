@@ -384,6 +384,15 @@ FAKE=1 PROFILE="$tmp/prof.json" OUT="$tmp/ovh" ROUNDS=1 WORKLOAD=prefill bash be
 expect_rc "overhead.sh: WORKLOAD=prefill" 0 $rc "$tmp/o"
 [ "$(python3 -c 'import json,sys; print(json.load(open(sys.argv[1]))["workload"])' "$tmp/ovh/shim-1.json" 2>&1)" = prefill ] \
     && ok "overhead.sh: WORKLOAD=prefill runs prefill" || fail "overhead.sh: WORKLOAD=prefill runs prefill" "$(cat "$tmp/ovh/shim-1.json")"
+# bench/device_ab.sh: overhead.sh packed into one archive (a gzipped profile, FAKE=1).
+gzip -c "$tmp/prof.json" >"$tmp/prof.json.gz"
+FAKE=1 NAME=ab1 PROFILE="$tmp/prof.json.gz" OUT="$tmp/dab" ROUNDS=1 SIDES="noshim shim" bash bench/device_ab.sh >"$tmp/o" 2>&1; rc=$?
+expect_rc "device_ab.sh FAKE=1 exits 0" 0 $rc "$tmp/o"
+tar xzf "$tmp/dab/ab1.tgz" -C "$tmp/dab" 2>"$tmp/e" && [ ! -e "$tmp/dab/ab1/profile.json" ] &&
+    ok "device_ab.sh: one archive, without the unpacked profile" || fail "device_ab.sh: one archive, without the unpacked profile" "$(cat "$tmp/e")"
+expect "device_ab.sh: the archive holds overhead.sh's summary" "$tmp/dab/ab1/overhead.txt" '^shim [0-9.]+ ms \(median of 1 runs\): ratio [0-9.]+'
+FAKE=1 NAME="a b" PROFILE="$tmp/prof.json" OUT="$tmp/dab" bash bench/device_ab.sh >"$tmp/o" 2>&1; rc=$?
+expect_rc "device_ab.sh: a NAME the device tool cannot bring back exits 2" 2 $rc "$tmp/o"
 FAKE=1 PROFILE="$tmp/prof.json" OUT="$tmp/ovh" WORKLOAD=train bash bench/overhead.sh >"$tmp/o" 2>&1; rc=$?
 expect_rc "overhead.sh: an unknown WORKLOAD exits 2" 2 $rc "$tmp/o"
 expect "overhead.sh: names the workloads" "$tmp/o" 'WORKLOAD=train: decode or prefill'
