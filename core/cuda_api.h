@@ -20,7 +20,8 @@
     X(cuCtxSetCurrent) X(cuCtxGetCurrent) X(cuCtxGetDevice) X(cuCtxSynchronize) \
     X(cuMemGetInfo) X(cuMemGetAllocationGranularity) X(cuMemCreate) X(cuMemRelease) \
     X(cuMemAddressReserve) X(cuMemAddressFree) X(cuMemMap) X(cuMemUnmap) X(cuMemSetAccess) \
-    X(cuStreamCreate) X(cuStreamCreateWithPriority) X(cuCtxGetStreamPriorityRange) X(cuStreamDestroy) X(cuStreamSynchronize) X(cuStreamWaitEvent) \
+    X(cuStreamCreateWithPriority) X(cuCtxGetStreamPriorityRange) \
+    X(cuStreamDestroy) X(cuStreamSynchronize) X(cuStreamWaitEvent) \
     X(cuStreamIsCapturing) X(cuMemcpyDtoDAsync) \
     X(cuEventCreate) X(cuEventDestroy) X(cuEventRecord) X(cuEventQuery) \
     X(cuEventSynchronize) X(cuEventElapsedTime) \

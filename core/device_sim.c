@@ -1064,7 +1064,7 @@ static int sim_event_elapsed_ms(struct fs_device *dev, fs_event start, fs_event 
         struct fs_event_ *a = event_of(s, start), *b = event_of(s, end);
         if (!a || !b || !ms || !a->timing || !b->timing || !a->recorded || !b->recorded)
             rc = FS_ERR_INVALID;
-        else if (a->done_ns > thread_now(s) || b->done_ns > thread_now(s))
+        else if (max_u64(a->done_ns, b->done_ns) > thread_now(s))
             rc = FS_ERR_NOT_READY;
         else
             *ms = (float)(((double)b->done_ns - (double)a->done_ns) / 1e6);

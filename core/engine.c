@@ -755,6 +755,15 @@ void fs_engine_get_stats(struct fs_engine_stats *out)
         fs_exec_get_stats(&eng.exec, &out->exec);
 }
 
+uint64_t fs_engine_late_waits(void)
+{
+    if (!started() || !eng.planning)
+        return 0;
+    struct fs_exec_stats st;
+    fs_exec_get_stats(&eng.exec, &st);
+    return st.late;
+}
+
 void fs_engine_mark_iteration(void)
 {
     if (started() && eng.planning)

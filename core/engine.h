@@ -93,6 +93,9 @@ void fs_engine_launch_enter(const struct fs_launch_desc *d, struct fs_launch_tic
 void fs_engine_launch_exit(struct fs_launch_ticket *t, bool queued);
 
 void fs_engine_get_stats(struct fs_engine_stats *out);
+/* References that waited for a late prefetch so far (fs_exec_stats.late; 0 without a plan): one
+ * counter, for the replay to ask at every launch without copying all the statistics. */
+uint64_t fs_engine_late_waits(void);
 
 /* The program's next launch starts an iteration (flexshim_mark_iteration): discovery uses such
  * marks instead of finding the iteration itself. */

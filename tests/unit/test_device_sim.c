@@ -1693,35 +1693,24 @@ static void test_remap_host_time_per_thread(void **state)
 static void test_engine_wait_keeps_the_program_clock(void **state)
 {
     (void)state;
-    struct fs_sim_config cfg = {.device_bytes = 64 * MIB, .granularity = G,
-                                .host_phys_supported = true, .copy_latency_ns = 2000};
-    struct fs_device *d = NULL;
-    assert_int_equal(fs_sim_open(&cfg, &d), FS_OK);
-    fs_phys ph, pd;
-    fs_dptr vh, vd;
+    struct fs_device *d = open_small();
+    struct buf h, dv;
+    buf_make(d, &h, G, FS_LOC_HOST);
+    buf_make(d, &dv, G, FS_LOC_DEVICE);
     fs_stream copy_s, prog_s, next_s;
     fs_event ev;
-    assert_int_equal(fs_dev_call(d, phys_create, G, FS_LOC_HOST, &ph), FS_OK);
-    assert_int_equal(fs_dev_call(d, phys_create, G, FS_LOC_DEVICE, &pd), FS_OK);
-    assert_int_equal(fs_dev_call(d, va_reserve, G, &vh), FS_OK);
-    assert_int_equal(fs_dev_call(d, va_reserve, G, &vd), FS_OK);
-    assert_int_equal(fs_dev_call(d, map, vh, G, ph, 0), FS_OK);
-    assert_int_equal(fs_dev_call(d, map, vd, G, pd, 0), FS_OK);
     assert_int_equal(fs_dev_call(d, stream_create, &copy_s), FS_OK);
     assert_int_equal(fs_dev_call(d, stream_create, &next_s), FS_OK);
     assert_int_equal(fs_sim_stream_create(d, &prog_s), FS_OK);
     assert_int_equal(fs_dev_call(d, event_create, false, &ev), FS_OK);
-    static const uint8_t pattern[16] = "two clocks, one";
-    assert_int_equal(fs_sim_write(d, vh, pattern, sizeof(pattern)), FS_OK);
+    fill(d, h.va, G, 0x5a);
     const uint64_t t0 = fs_sim_now_ns(d);
 
     fs_thread_internal = true;
-    assert_int_equal(fs_dev_call(d, copy_async, vd, vh, G, copy_s), FS_OK);
+    assert_int_equal(fs_dev_call(d, copy_async, dv.va, h.va, G, copy_s), FS_OK);
     assert_int_equal(fs_dev_call(d, event_record, ev, copy_s), FS_OK);
     assert_int_equal(fs_dev_call(d, event_sync, ev), FS_OK);
-    uint8_t got[16];
-    assert_int_equal(fs_sim_read(d, got, vd, sizeof(got)), FS_OK);
-    assert_memory_equal(got, pattern, sizeof(pattern));
+    assert_true(all_eq(d, dv.va, G, 0x5a));
     const uint64_t copied = t0 + copy_ns(G, 55e9);
     /* Queued after the wait: starts after the copy, though the program's clock is behind. */
     assert_int_equal(fs_dev_call(d, event_record, ev, next_s), FS_OK);
@@ -1743,12 +1732,9 @@ static void test_engine_wait_keeps_the_program_clock(void **state)
     assert_int_equal(fs_dev_call(d, stream_destroy, copy_s), FS_OK);
     assert_int_equal(fs_dev_call(d, stream_destroy, next_s), FS_OK);
     assert_int_equal(fs_dev_call(d, stream_destroy, prog_s), FS_OK);
-    assert_int_equal(fs_dev_call(d, unmap, vh, G), FS_OK);
-    assert_int_equal(fs_dev_call(d, unmap, vd, G), FS_OK);
-    assert_int_equal(fs_dev_call(d, va_release, vh, G), FS_OK);
-    assert_int_equal(fs_dev_call(d, va_release, vd, G), FS_OK);
-    assert_int_equal(fs_dev_call(d, phys_release, ph), FS_OK);
-    assert_int_equal(fs_dev_call(d, phys_release, pd), FS_OK);
+    buf_free(d, &h);
+    buf_free(d, &dv);
+    assert_no_leaks(d);
     d->ops->close(d);
 }
 
