@@ -1122,7 +1122,7 @@ static int simulate_run(int argc, char **argv)
                    "references ordered after a prefetch's copy on the launch's stream (no wait), "
                    "time the program's thread spent in the launch hook (those waits and "
                    "fault-ins), device blocks made (on a GPU each is driver work on the mover's "
-                   "path, about 0.8 ms under load; the simulated device hardly charges it)\n");
+                   "path, 0.1-0.8 ms on the H200; the simulated device hardly charges it)\n");
         for (int i = 0; i < nrows && replay_iters; i++)
             if (rows[i].rc == FS_OK && rows[i].replay_us > 0)
                 printf("%-22s %-20s %8.1f late %8.1f unplanned %8.1f fault-ins %8.1f ordered "
