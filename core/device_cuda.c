@@ -598,7 +598,6 @@ static int cuda_last_native_error(struct fs_device *dev)
     return (int)tl_last_error;
 }
 
-/* Load the fingerprint kernel once (the driver compiles the PTX for this GPU, a few ms). */
 /* Load the fingerprint kernel (the driver compiles the PTX for this GPU, a few ms); at open,
  * so that no launch callback or residency lock ever waits for it. Without it, FP_FUNC stays
  * NULL and fingerprint answers FS_ERR_UNSUPPORTED. */
