@@ -1064,6 +1064,51 @@ static void test_global_deterministic(void **state)
     }
 }
 
+/* A model's layers have the same shapes: a decoder in miniature, 16 layers of six launches, each
+ * reading its own weight (attention 4, 2 and 4 MiB, MLP 3 x 14 MiB; an MLP weight takes 1.75x
+ * its launch's compute over the link) and a 2 MiB activation every launch reads, at about half
+ * the weights. The plans of greedy and knapsack stall; the search must end with none, by
+ * swapping stalled offloaded weights with resident ones of their size where the link has time
+ * (7b prefill on an H100, stop 25: the MLP weights of the last eight layers streamed back to back,
+ * 7.3 ms predicted and lost there on the GPU). */
+static void test_global_spreads_same_size_offloads(void **state)
+{
+    (void)state;
+    enum { LAYERS = 16, PER = 6 };
+    static const uint64_t mib[PER] = {4, 2, 4, 14, 14, 14};
+    static const double us[PER] = {1400, 700, 1400, 4096, 4096, 4096};
+    const int act = LAYERS * PER;
+    struct builder b;
+    b_init(&b, LAYERS * PER, act + 1, 0.0, 2 * MIB);
+    uint64_t weights = 0;
+    for (int l = 0; l < LAYERS; l++)
+        for (int k = 0; k < PER; k++) {
+            int i = l * PER + k;
+            b.p.launches[i].duration_us = us[k];
+            b.p.allocs[i].size = b.p.allocs[i].mapped = mib[k] * MIB;
+            weights += mib[k] * MIB;
+            b_use(&b, i, i);
+            b_use(&b, i, act);
+        }
+    b_finish(&b);
+    exact_link(&b.p);
+    uint64_t budget = 2 * MIB + weights / 2;
+    struct fs_plan g, k, gl;
+    assert_int_equal(fs_strategy_greedy.plan(&b.p, budget, &g), FS_OK);
+    assert_int_equal(fs_strategy_knapsack.plan(&b.p, budget, &k), FS_OK);
+    assert_int_equal(fs_strategy_global.plan(&b.p, budget, &gl), FS_OK);
+    check_plan(&b.p, &gl, budget);
+    print_message("stall: greedy %.0f us, knapsack %.0f us, global %.0f us\n",
+                  g.predicted_stall_us, k.predicted_stall_us, gl.predicted_stall_us);
+    assert_true(g.predicted_stall_us > 0.0 && k.predicted_stall_us > 0.0);
+    if (gl.predicted_stall_us > 0.0)
+        fail_msg("global left %.0f us of stall", gl.predicted_stall_us);
+    fs_plan_free(&g);
+    fs_plan_free(&k);
+    fs_plan_free(&gl);
+    fs_profile_free(&b.p);
+}
+
 /* ---- the knapsack against brute force ---------------------------------------------------- */
 
 static double brute_force(int n, const uint32_t *w, const double *v, uint64_t cap)
@@ -1310,6 +1355,7 @@ int main(void)
         cmocka_unit_test(test_plan_host_read),
         cmocka_unit_test(test_random_global_and_adaptive),
         cmocka_unit_test(test_global_deterministic),
+        cmocka_unit_test(test_global_spreads_same_size_offloads),
         cmocka_unit_test(test_knapsack_dp_matches_brute_force),
         cmocka_unit_test(test_knapsack_strategy_optimal_set),
         cmocka_unit_test(test_knapsack_value),
