@@ -648,8 +648,6 @@ void fs_res_set_plan_roles(struct fs_residency *res, uint8_t *role, int n)
     pthread_mutex_unlock(&res->lock);
 }
 
-/* Device memory for NEED bytes within the budget, evicting least recently used allocations not
- * in KEEP. On success *GROW says whether the pool must create memory for it. */
 /* Is there room for NEED bytes now, without evicting: a cached block of that size (*GROW false)
  * or budget left for a new one (*GROW true)? */
 static bool room_now(struct fs_residency *res, uint64_t need, bool *grow)
@@ -658,6 +656,8 @@ static bool room_now(struct fs_residency *res, uint64_t need, bool *grow)
     return !*grow || fs_phys_pool_held(&res->dev_pool) + need <= res->budget;
 }
 
+/* Device memory for NEED bytes within the budget, evicting least recently used allocations not
+ * in KEEP. On success *GROW says whether the pool must create memory for it. */
 static int make_room(struct fs_residency *res, uint64_t need, struct fs_alloc *const *keep,
                      int nkeep, bool *grow)
 {
