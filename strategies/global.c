@@ -139,6 +139,20 @@ static int same_size_residents(const struct search *s, int a, struct fs_ranked *
     return k;
 }
 
+/* S->tr is the best set with one offloaded allocation brought in: offload each of the N
+ * allocations of OUT in turn instead, until one predicts less by more than MIN_GAIN_US. */
+static int try_swaps(struct search *s, const int *out, int n, double min_gain_us, bool *improved)
+{
+    for (int j = 0; j < n && !*improved; j++) {
+        s->tr[out[j]] = false;
+        int rc = try_set(s, s->tr, s->lookahead, min_gain_us, improved);
+        if (rc != FS_OK)
+            return rc;
+        s->tr[out[j]] = true;
+    }
+    return FS_OK;
+}
+
 static int search_round(struct search *s, struct fs_ranked *scratch, bool *improved)
 {
     const struct fs_profile *p = s->p;
@@ -154,19 +168,12 @@ static int search_round(struct search *s, struct fs_ranked *scratch, bool *impro
     for (int i = 0; i < nin && !*improved; i++) {
         memcpy(s->tr, s->res, setsz);
         s->tr[in[i]] = true;
-        if (fs_schedule_need(p, s->tr) <= s->budget) {
+        if (fs_schedule_need(p, s->tr) <= s->budget)
             rc = try_set(s, s->tr, s->lookahead, 0.0, improved);
-            if (rc != FS_OK)
-                return rc;
-            continue;
-        }
-        for (int j = 0; j < nout && j < GL_SWAP_WITH && !*improved; j++) {
-            s->tr[out[j]] = false;
-            rc = try_set(s, s->tr, s->lookahead, 0.0, improved);
-            if (rc != FS_OK)
-                return rc;
-            s->tr[out[j]] = true;
-        }
+        else
+            rc = try_swaps(s, out, nout < GL_SWAP_WITH ? nout : GL_SWAP_WITH, 0.0, improved);
+        if (rc != FS_OK)
+            return rc;
     }
     for (int j = 0; j < nout && !*improved; j++) {
         memcpy(s->tr, s->res, setsz);
@@ -181,13 +188,9 @@ static int search_round(struct search *s, struct fs_ranked *scratch, bool *impro
         int nsame = same_size_residents(s, in[i], scratch, GL_SWAP_SAME, same);
         memcpy(s->tr, s->res, setsz);
         s->tr[in[i]] = true;
-        for (int j = 0; j < nsame && !*improved; j++) {
-            s->tr[same[j]] = false;
-            rc = try_set(s, s->tr, s->lookahead, GL_SWAP_MIN_GAIN_US, improved);
-            if (rc != FS_OK)
-                return rc;
-            s->tr[same[j]] = true;
-        }
+        rc = try_swaps(s, same, nsame, GL_SWAP_MIN_GAIN_US, improved);
+        if (rc != FS_OK)
+            return rc;
     }
     return FS_OK;
 }
