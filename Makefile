@@ -49,6 +49,13 @@ $(BUILD)/%.o: %.c $(wildcard core/*.h shim/*.h strategies/*.h tools/*.h)
 	@mkdir -p $(@D)
 	$(CC) $(CFLAGS) -c $< -o $@
 
+# The planning code's identity (fs_planner_id): a hash of what a plan is a function of. A run
+# plans a saved profile again when its plan carries another.
+PLANNER_SRC := $(sort $(wildcard strategies/*.c strategies/*.h)) core/profile.h
+PLANNER_ID  := $(shell cat $(PLANNER_SRC) | sha1sum | cut -c1-12)
+$(BUILD)/strategies/timeline.o: CFLAGS += -DFS_PLANNER_ID='"$(PLANNER_ID)"'
+$(BUILD)/strategies/timeline.o: $(PLANNER_SRC)
+
 # The fingerprint kernel (core/fingerprint.cu) as PTX in a C string; the driver compiles it for the
 # GPU at run time. Without nvcc the string is empty and every eviction writes back (slower, same
 # results).

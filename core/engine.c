@@ -194,8 +194,10 @@ static bool take_plan(void *arg, struct fs_profile *p)
 }
 
 /* Load the profile PATH for this device and BUDGET (or take LOADED, PATH as read already,
- * leaving it empty), planning it again when its plan was made for another budget or strategy.
- * False (said why) when it cannot be used: discovery runs. */
+ * leaving it empty). Its saved plan runs as it is when this build's planning code made it for this
+ * budget and strategy; otherwise it is planned again (milliseconds; said when only the planning
+ * code differs, since an older flexshim's plan may be slower). False (said why) when the profile
+ * cannot be used: discovery runs. */
 static bool load_profile(const struct fs_config *cfg, const char *path, uint64_t budget,
                          struct fs_profile *loaded, struct fs_profile *p)
 {
@@ -216,9 +218,20 @@ static bool load_profile(const struct fs_config *cfg, const char *path, uint64_t
     }
     char strategy[32];
     fs_config_choice(cfg, FS_P_STRATEGY, strategy, sizeof(strategy));
-    bool other_strategy = cfg->v[FS_P_STRATEGY].src != FS_SRC_DEFAULT &&
-                          strncmp(p->plan.strategy, strategy, strlen(strategy)) != 0;
-    if (!p->plan.entries || p->plan.budget != budget || other_strategy) {
+    bool same_request = p->plan.entries && p->plan.budget == budget &&
+                        (cfg->v[FS_P_STRATEGY].src == FS_SRC_DEFAULT ||
+                         strncmp(p->plan.strategy, strategy, strlen(strategy)) == 0);
+    bool same_planner = strcmp(p->plan.planner, fs_planner_id()) == 0;
+    if (same_request && !same_planner) {
+        FS_INFO("%s: its plan was made by other planning code (%s; this flexshim's is %s); "
+                "planning it again", path, p->plan.planner[0] ? p->plan.planner : "unnamed",
+                fs_planner_id());
+        /* "adaptive(global)": the strategy asked for, then the one it chose */
+        if (cfg->v[FS_P_STRATEGY].src == FS_SRC_DEFAULT)
+            snprintf(strategy, sizeof(strategy), "%.*s",
+                     (int)strcspn(p->plan.strategy, "("), p->plan.strategy);
+    }
+    if (!same_request || !same_planner) {
         const struct fs_strategy *st = fs_strategy_find(strategy);
         fs_plan_free(&p->plan);
         int rc = st ? st->plan(p, budget, &p->plan) : FS_ERR_INVALID;

@@ -83,6 +83,8 @@ struct fs_plan {
     double predicted_us;      /* step time the timeline model predicts */
     double predicted_stall_us;/* of which compute waits for transfers */
     uint64_t peak_bytes;      /* the most device bytes the plan holds at any launch */
+    char planner[16];         /* the planning code whose model evaluated it (fs_planner_id);
+                               * empty when unknown */
 };
 
 struct fs_profile {

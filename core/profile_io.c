@@ -13,6 +13,7 @@
  *                   "points": [{"bytes", "h2d_us", "d2h_us"}, ...]},
  *   "plan" (absent before planning):
  *                  {"strategy", "budget", "predicted_us", "predicted_stall_us", "peak_bytes",
+ *                   "planner" (optional, "" when absent: the planning code, fs_planner_id),
  *                   "entries": [{"resident": true} or {"prefetch_at": i, "evict_after": j}
  *                               (-1 and -1: not used, or read in place), ...]}
  *
@@ -501,7 +502,9 @@ static bool parse_plan(struct rd *r, json_t *root, struct fs_profile *p)
         !get_u64(r, o, "plan", "budget", &plan->budget) ||
         !get_number(r, o, "plan", "predicted_us", &plan->predicted_us) ||
         !get_number(r, o, "plan", "predicted_stall_us", &plan->predicted_stall_us) ||
-        !get_u64(r, o, "plan", "peak_bytes", &plan->peak_bytes))
+        !get_u64(r, o, "plan", "peak_bytes", &plan->peak_bytes) ||
+        (json_object_get(o, "planner") &&
+         !get_string(r, o, "plan", "planner", plan->planner, sizeof(plan->planner))))
         return false;
     json_t *entries = get_array(r, o, "plan", "entries", PIO_MAX_ALLOCS);
     if (!entries)
@@ -880,6 +883,8 @@ static json_t *build_doc(const struct fs_profile *p, struct wr *w)
             put_real(w, o, "plan", "predicted_us", plan->predicted_us);
             put_real(w, o, "plan", "predicted_stall_us", plan->predicted_stall_us);
             put_u64(w, o, "plan", "peak_bytes", plan->peak_bytes);
+            if (plan->planner[0])
+                put_str(w, o, "planner", plan->planner, sizeof(plan->planner));
             json_t *entries = json_array();
             put(w, o, "entries", entries);
             for (int i = 0; entries && i < plan->nallocs && w->ok; i++) {

@@ -35,6 +35,11 @@ const struct fs_strategy *fs_strategy_find(const char *name);
  * launch. */
 int fs_plan_evaluate(const struct fs_profile *p, struct fs_plan *plan);
 
+/* This build's planning code: a hash of strategies/ and core/profile.h taken at build time. Every
+ * evaluation stamps it into the plan (plan.planner), so a run can tell a saved plan that an older
+ * flexshim made, and plan again. */
+const char *fs_planner_id(void);
+
 /* One interval of the iteration the model measures (its second), for fs_plan_evaluate_trace.
  * Times are microseconds from the iteration's start (the end of the previous iteration's last
  * launch): the launches lie within [0, predicted_us]; a transfer may end after predicted_us (it

@@ -68,11 +68,21 @@
  * reports iteration 1's launches, prefetches and write-backs as intervals (what
  * `flexshim-profile trace` draws). */
 #include <math.h>
+#include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 
 #include "fs.h"
 #include "schedule.h"
+
+#ifndef FS_PLANNER_ID
+#error "FS_PLANNER_ID: the Makefile defines it (a hash of the planning sources)"
+#endif
+
+const char *fs_planner_id(void)
+{
+    return FS_PLANNER_ID;
+}
 
 int fs_profile_check(const struct fs_profile *p)
 {
@@ -334,6 +344,7 @@ static int evaluate(const struct fs_profile *p, struct fs_plan *plan, double *st
 
     plan->peak_bytes = peak;
     plan->predicted_us = t - iter0_end;
+    snprintf(plan->planner, sizeof(plan->planner), "%s", fs_planner_id());
     plan->predicted_stall_us = max2(0.0, plan->predicted_us - fs_profile_resident_us(p));
     rc = peak > plan->budget ? FS_ERR_INVALID : FS_OK;
 out:

@@ -530,6 +530,11 @@ static void note_prediction(const char *file, const struct fs_plan *saved,
                 "timeline model predicts %.3f ms (peak %.1f MiB) for it\n",
                 file, ms(saved->predicted_us), mib(saved->peak_bytes), ms(eval->predicted_us),
                 mib(eval->peak_bytes));
+    if (strcmp(saved->planner, fs_planner_id()) != 0)
+        fprintf(stderr,
+                "%s: note: the saved plan was made by other planning code (%s; this flexshim's "
+                "is %s): a run plans it again\n",
+                file, saved->planner[0] ? saved->planner : "unnamed", fs_planner_id());
 }
 
 /* A launch's kernel as shown: its name, else its hash ("copy/memset" for hash 0). */
@@ -600,7 +605,8 @@ static void check_help(FILE *out)
           "  FILE: profile OK: N allocations (X MiB), N launches per iteration, plan: STRATEGY at\n"
           "  budget SIZE (predicted MS ms, stall MS ms)            (or: no plan)\n"
           "On a problem it prints one line saying what is wrong and exits 1.\n"
-          "A note on stderr says when the saved prediction differs from this version's model.\n",
+          "A note on stderr says when the saved prediction differs from this version's model, and\n"
+          "when other planning code made the plan (a run then plans it again).\n",
           out);
 }
 

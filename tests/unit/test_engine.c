@@ -945,20 +945,30 @@ static void test_host_read_mode(void **state)
 /* A plan may read an offloaded allocation in place: it stays in host memory and its launches
  * read it there, in every offload mode; nothing moves it, nothing faults it in, the data stays
  * exact, and its references are planned ones. */
+/* Record a profile into PATH and edit its plan to read w[3] in place, as if by planning code
+ * PLANNER (NULL: this build's). */
+static void record_plan_reading_w3(const char *path, const char *planner)
+{
+    char err[512];
+    record_profile(path, "FLEXTENSOR_GPU_MEMORY_LIMIT=64MiB");
+    struct fs_profile p;
+    assert_int_equal(fs_profile_load(path, &p, err, sizeof(err)), FS_OK);
+    p.plan.entries[4] = (struct fs_plan_entry){false, -1, -1}; /* w[3] (act is 0) */
+    assert_int_equal(fs_plan_evaluate(&p, &p.plan), FS_OK);
+    if (planner)
+        snprintf(p.plan.planner, sizeof(p.plan.planner), "%s", planner);
+    assert_int_equal(fs_profile_save(path, &p, err, sizeof(err)), FS_OK);
+    fs_profile_free(&p);
+}
+
 static void test_plan_reads_in_place(void **state)
 {
     (void)state;
     static const char *const modes[] = {NULL, "FLEXTENSOR_OFFLOAD_MODE=redirect"};
     for (size_t m = 0; m < FS_ARRAY_LEN(modes); m++) {
-        char path[64], err[512];
+        char path[64];
         fresh_path(path, sizeof(path));
-        record_profile(path, "FLEXTENSOR_GPU_MEMORY_LIMIT=64MiB");
-        struct fs_profile p;
-        assert_int_equal(fs_profile_load(path, &p, err, sizeof(err)), FS_OK);
-        p.plan.entries[4] = (struct fs_plan_entry){false, -1, -1}; /* w[3] (act is 0) */
-        assert_int_equal(fs_plan_evaluate(&p, &p.plan), FS_OK);
-        assert_int_equal(fs_profile_save(path, &p, err, sizeof(err)), FS_OK);
-        fs_profile_free(&p);
+        record_plan_reading_w3(path, NULL);
         uint64_t w[L], act;
         struct fs_device *dev = start_from_profile(path, modes[m], w, &act);
         assert_int_equal(run_program(dev, w, L, act, 3), 0);
@@ -975,6 +985,35 @@ static void test_plan_reads_in_place(void **state)
         assert_int_equal(fs_sim_location(dev, w[3], &loc), FS_OK);
         assert_int_equal(loc, FS_LOC_HOST);
         stop(dev);
+        unlink(path);
+    }
+}
+
+/* A saved plan that other planning code made (an older flexshim's, or one saved before plans
+ * named their planner) is planned again, and the log says so: the edited plan's read in place
+ * is not run. */
+static void test_plan_of_other_planning_code_made_again(void **state)
+{
+    (void)state;
+    static const char *const planners[] = {"0123456789ab", ""};
+    for (size_t i = 0; i < FS_ARRAY_LEN(planners); i++) {
+        char path[64], log_path[64], log[16384];
+        fresh_path(path, sizeof(path));
+        fresh_path(log_path, sizeof(log_path));
+        record_plan_reading_w3(path, planners[i]);
+        uint64_t w[L], act;
+        struct fs_device *dev = start_logged(path, NULL, log_path, w, &act);
+        assert_int_equal(run_program(dev, w, L, act, 6), 0);
+        struct fs_engine_stats st;
+        fs_engine_get_stats(&st);
+        stop(dev);
+        fs_test_read_file(log_path, log, sizeof(log));
+        assert_non_null(strstr(log, "its plan was made by other planning code"));
+        assert_non_null(strstr(log, fs_planner_id()));
+        assert_int_equal(st.exec.plans, 1);
+        assert_int_equal(st.res.host_served, 0);
+        assert_true(st.exec.prefetches > 0);
+        unlink(log_path);
         unlink(path);
     }
 }
@@ -1418,6 +1457,7 @@ int main(void)
         cmocka_unit_test(test_plan_headroom),
         cmocka_unit_test(test_host_read_mode),
         cmocka_unit_test(test_plan_reads_in_place),
+        cmocka_unit_test(test_plan_of_other_planning_code_made_again),
         cmocka_unit_test(test_profiling_begins_under_capture),
         cmocka_unit_test(test_redirect_mode),
         cmocka_unit_test(test_redirect_late_reads_in_place),

@@ -160,6 +160,7 @@ static void rich_fill(struct rich *r)
     p->plan.predicted_us = 1234.5;
     p->plan.predicted_stall_us = 12.25;
     p->plan.peak_bytes = 70 * GiB + 3;
+    snprintf(p->plan.planner, sizeof(p->plan.planner), "0123456789ab");
     r->entries[0] = (struct fs_plan_entry){false, 3, 4};
     r->entries[1] = (struct fs_plan_entry){true, -1, -1};
     r->entries[2] = (struct fs_plan_entry){false, -1, -1};
@@ -221,6 +222,7 @@ static void assert_profiles_equal(const struct fs_profile *a, const struct fs_pr
     assert_true(a->plan.predicted_us == b->plan.predicted_us);
     assert_true(a->plan.predicted_stall_us == b->plan.predicted_stall_us);
     assert_true(a->plan.peak_bytes == b->plan.peak_bytes);
+    assert_string_equal(a->plan.planner, b->plan.planner);
     assert_int_equal(a->plan.nallocs, b->plan.nallocs);
     for (int i = 0; i < a->plan.nallocs; i++) {
         assert_int_equal(a->plan.entries[i].resident, b->plan.entries[i].resident);
@@ -730,6 +732,8 @@ static void test_load_wrong_types(void **state)
         {"plan.entries[0]", "resident", 0, "1", "plan.entries[0].resident must be true or false"},
         {"plan", "strategy", 0, "\"a strategy name that is far too long for the field\"",
          "plan.strategy is longer than 31 bytes"},
+        {"plan", "planner", 0, "7", "plan.planner must be a string"},
+        {"plan", "planner", 0, "\"0123456789abcdef\"", "plan.planner is longer than 15 bytes"},
     };
     run_edits(t->path, edits, FS_ARRAY_LEN(edits));
 }
@@ -838,6 +842,35 @@ static void test_load_too_large(void **state)
     EXPECT_LOAD_FAIL(t->path, FS_ERR_CONFIG,
                      "bandwidth.points is too large (4097 entries, at most 4096 are read)",
                      "record it again");
+}
+
+/* A plan saved before plans named their planning code loads with an empty planner (a run plans
+ * it again), and an empty planner is not written. */
+static void test_plan_without_planner(void **state)
+{
+    struct tdir *t = *state;
+    struct rich r;
+    rich_fill(&r);
+    char err[512] = "";
+    assert_int_equal(fs_profile_save(t->path, &r.p, err, sizeof(err)), FS_OK);
+    json_error_t je;
+    json_t *root = json_load_file(t->path, 0, &je);
+    assert_non_null(root);
+    assert_string_equal(json_string_value(jpath(root, "plan.planner")), "0123456789ab");
+    json_object_del(json_object_get(root, "plan"), "planner");
+    assert_int_equal(json_dump_file(root, t->path, 0), 0);
+    json_decref(root);
+    struct fs_profile q;
+    assert_int_equal(fs_profile_load(t->path, &q, err, sizeof(err)), FS_OK);
+    assert_string_equal(q.plan.planner, "");
+    assert_int_equal(q.plan.nallocs, 4);
+    assert_int_equal(fs_profile_save(t->path, &q, err, sizeof(err)), FS_OK);
+    fs_profile_free(&q);
+    root = json_load_file(t->path, 0, &je);
+    assert_non_null(root);
+    assert_non_null(json_object_get(root, "plan"));
+    assert_null(json_object_get(json_object_get(root, "plan"), "planner"));
+    json_decref(root);
 }
 
 /* Fields this version does not know are ignored; a plan may be absent. */
@@ -969,6 +1002,7 @@ int main(void)
         T(test_load_unused_allocation_claims_use),
         T(test_load_plan_errors),
         T(test_load_too_large),
+        T(test_plan_without_planner),
         T(test_load_tolerates_extra_fields_and_no_plan),
         T(test_load_failure_late_frees_everything),
         T(test_match_device),

@@ -166,6 +166,7 @@ static void check_plan(const struct fs_profile *p, const struct fs_plan *plan, u
     assert_int_equal(plan->nallocs, p->nallocs);
     assert_true(plan->budget == budget);
     assert_non_null(plan->entries);
+    assert_string_equal(plan->planner, fs_planner_id()); /* a run can tell it from an older one */
     uint64_t peak = 0;
     for (int i = 0; i < p->nlaunches; i++) {
         uint64_t held = 0;
