@@ -1396,6 +1396,17 @@ void fs_sim_fail_nth(struct fs_device *dev, enum fs_sim_op op, uint64_t nth, int
     pthread_mutex_unlock(&s->lock);
 }
 
+uint64_t fs_sim_fail_pending(struct fs_device *dev, enum fs_sim_op op)
+{
+    struct sim *s = sim_of(dev);
+    if (!s || (int)op < 0 || op >= FS_SIM_OP_COUNT)
+        return 0;
+    pthread_mutex_lock(&s->lock);
+    uint64_t n = s->fail[op].countdown;
+    pthread_mutex_unlock(&s->lock);
+    return n;
+}
+
 void fs_sim_advance(struct fs_device *dev, uint64_t ns)
 {
     struct sim *s = sim_of(dev);

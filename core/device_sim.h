@@ -121,6 +121,9 @@ int fs_sim_location(struct fs_device *dev, fs_dptr va, enum fs_mem_loc *loc);
 /* Make the Nth call (1 = the next one) of OP fail with ERR. N = 0 disarms. */
 void fs_sim_fail_nth(struct fs_device *dev, enum fs_sim_op op, uint64_t nth, int err);
 
+/* The calls of OP left before the armed failure: 0 once it fired (or when none is armed). */
+uint64_t fs_sim_fail_pending(struct fs_device *dev, enum fs_sim_op op);
+
 /* Move the clock forward by NS, completing whatever finishes by then. */
 void fs_sim_advance(struct fs_device *dev, uint64_t ns);
 /* Move the clock to T_NS if it is earlier (another thread may have moved it meanwhile). */
