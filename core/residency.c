@@ -1123,6 +1123,7 @@ static void move_queue_fp(struct fs_residency *res, struct fs_res_move *m, fs_dp
 {
     m->fp_queued = res->fp_parts &&
                    fs_dev_call(res->dev, fingerprint, va, m->a->mapped, stream, m->parts) == FS_OK;
+    STAT(res, fingerprints, m->fp_queued);
 }
 
 /* A prefetch's copy has been queued on h2d and EV recorded after it: its fingerprint runs on the
@@ -1164,6 +1165,7 @@ static int move_begin_evict(struct fs_residency *res, struct fs_res_move *m)
     fs_dptr src = a->dev->copy_va;
     if (a->fp_valid && res->fp_parts &&
         fs_dev_call(res->dev, fingerprint, src, a->mapped, res->d2h, m->parts) == FS_OK) {
+        STAT(res, fingerprints, 1);
         m->comparing = true;
         return FS_OK;
     }
@@ -1478,7 +1480,6 @@ static int move_map_host(struct fs_residency *res, struct fs_res_move *m)
     STAT(res, async_moves, 1);
     if (rc == FS_OK) {
         if (m->fp_known) {
-            STAT(res, fingerprints, 1);
             a->fp = m->fp;
             a->fp_valid = true;
         }
@@ -1531,8 +1532,6 @@ int fs_res_move_end(struct fs_residency *res, struct fs_res_move *m, bool wait)
     quiesce_end(res);
     STAT(res, async_moves, 1);
     if (rc == FS_OK) {
-        if (m->fp_known)
-            STAT(res, fingerprints, 1);
         a->dev = m->block;
         a->fp = m->fp;
         a->fp_valid = m->fp_known;

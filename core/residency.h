@@ -114,7 +114,7 @@ struct fs_res_stats {
     uint64_t host_served;             /* references left on host (no room, capture) */
     uint64_t quiesce_syncs;           /* full synchronizes forced by the quiet-range rule */
     uint64_t clean_evictions, clean_bytes; /* evictions whose write-back the fingerprint skipped */
-    uint64_t fingerprints;            /* fingerprints taken */
+    uint64_t fingerprints;            /* fingerprints taken (queued on the device) */
     uint64_t async_moves;             /* moves through fs_res_move_begin/end */
     uint64_t early_maps;              /* prefetches mapped at their VA before the copy landed */
     uint64_t ordered_waits;           /* launches that waited for such a copy on their stream */

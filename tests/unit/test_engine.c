@@ -666,6 +666,14 @@ static void test_plan_runs_from_saved_profile(void **state)
     assert_true(st.res.async_moves >= ITERS);
     assert_true(st.exec.max_inflight >= 1 && st.exec.max_inflight <= FS_EXEC_MOVES_INFLIGHT);
     assert_true(st.res.clean_evictions >= ITERS / 2);
+    /* The fingerprints reported are those the device ran: a stage-in that reuses the host
+     * copy's runs none. */
+    struct fs_sim_stats sim;
+    fs_engine_drain_moves();
+    fs_engine_get_stats(&st);
+    fs_sim_get_stats(dev, &sim);
+    assert_true(st.res.fingerprints > 0);
+    assert_int_equal(st.res.fingerprints, sim.fingerprints);
     stop(dev);
     unlink(path);
 }
