@@ -467,6 +467,12 @@ def measure_gaps(model, step, res, steps=GAP_STEPS):
     gaps.done(res)
 
 
+def note_step_start(res):
+    """The step's start on the wall clock (res["step_start_unix"]), to set steps beside samples
+    taken outside the process (nvidia-smi's clocks: bench/clock_steps.py)."""
+    res.setdefault("step_start_unix", []).append(round(time.time(), 4))
+
+
 def run_prefill(model, args, res, stop):
     import torch
 
@@ -479,6 +485,7 @@ def run_prefill(model, args, res, stop):
         for i in range(args.iters):
             torch.cuda.synchronize()
             layers = step_layers(model, args, i + 1)
+            note_step_start(res)
             t0 = time.perf_counter()
             out = model(input_ids=x, use_cache=False)
             torch.cuda.synchronize()
@@ -536,6 +543,7 @@ def run_decode(model, args, res, stop):
             torch.cuda.synchronize()
             if i > 0:
                 layers = step_layers(model, args, i + 1)
+            note_step_start(res)
             t0 = time.perf_counter()
             out = model(input_ids=cur, past_key_values=past, use_cache=True)
             past = out.past_key_values

@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
 # One A/B call on the GPU machine, packed for the trip back: bench/overhead.sh (alternating
-# sides, same settings) with the GPU's clocks and power sampled beside it, every step by layer
+# sides, same settings) with the GPU's clocks and power sampled beside it and set beside each
+# step (clock_steps.py), every step by layer
 # read with layer_steps.py (when BENCH_ARGS times them), and each shimmed run's trace summed with
 # trace_summary.py (TRACE=1). The device tool brings back at most 8 files, so all of it goes into
 # OUT/NAME.tgz, but the run traces themselves: only round 1's shim and alt1 come back beside it
@@ -34,6 +35,7 @@ fi
 PROFILE=$prof OUT=$d bash bench/overhead.sh 2>&1 | tee "$d/overhead.txt"
 rc=${PIPESTATUS[0]}
 [ -n "$smi" ] && kill "$smi"
+[ -n "$smi" ] && python3 bench/clock_steps.py "$d/smi.csv" "$d"/*-[0-9].json >"$d/clock_steps.txt" 2>&1
 case " ${BENCH_ARGS:-} " in *" --layer-times all "*)
     python3 bench/layer_steps.py "$d"/*-[0-9].json 2>&1 | tee "$d/layer_steps.txt" ;;
 esac

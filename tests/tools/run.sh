@@ -410,7 +410,7 @@ expect_rc "overhead.sh: a missing profile exits 2" 2 $rc "$tmp/o"
 expect "overhead.sh: names the missing profile" "$tmp/o" "PROFILE=$tmp/none.json: no such file"
 
 # The benchmark's Python helpers (they run on the GPU machine; their self-tests run here).
-for py in bench/bench.py bench/report.py bench/trace_summary.py bench/layer_steps.py; do
+for py in bench/bench.py bench/report.py bench/trace_summary.py bench/layer_steps.py bench/clock_steps.py; do
     if python3 "$py" --selftest >"$tmp/o" 2>&1; then ok "$py --selftest"; else fail "$py --selftest" "$(tail -5 "$tmp/o")"; fi
 done
 
