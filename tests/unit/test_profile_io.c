@@ -251,6 +251,19 @@ static void assert_has(const char *err, ...)
     assert_null(strchr(err, '\n')); /* one line */
 }
 
+/* The rich profile saved at T's path and read back as JSON (to look at or edit). */
+static json_t *saved_rich_json(struct tdir *t)
+{
+    struct rich r;
+    rich_fill(&r);
+    char err[512] = "";
+    assert_int_equal(fs_profile_save(t->path, &r.p, err, sizeof(err)), FS_OK);
+    json_error_t je;
+    json_t *root = json_load_file(t->path, 0, &je);
+    assert_non_null(root);
+    return root;
+}
+
 /* ---- round trips ------------------------------------------------------------------------ */
 
 static void test_round_trip_rich(void **state)
@@ -318,13 +331,7 @@ static void test_round_trip_without_plan_or_names(void **state)
 static void test_saved_document_layout(void **state)
 {
     struct tdir *t = *state;
-    struct rich r;
-    rich_fill(&r);
-    char err[512] = "";
-    assert_int_equal(fs_profile_save(t->path, &r.p, err, sizeof(err)), FS_OK);
-    json_error_t je;
-    json_t *root = json_load_file(t->path, 0, &je);
-    assert_non_null(root);
+    json_t *root = saved_rich_json(t);
     assert_string_equal(json_object_iter_key(json_object_iter(root)), "flexshim_profile");
     assert_int_equal(json_integer_value(json_object_get(root, "flexshim_profile")),
                      FS_PROFILE_SCHEMA_VERSION);
@@ -785,12 +792,7 @@ static void test_load_inconsistent_uses(void **state)
 static void test_load_unused_allocation_claims_use(void **state)
 {
     struct tdir *t = *state;
-    struct rich r;
-    rich_fill(&r);
-    char err[512] = "";
-    assert_int_equal(fs_profile_save(t->path, &r.p, err, sizeof(err)), FS_OK);
-    json_error_t je;
-    json_t *root = json_load_file(t->path, 0, &je);
+    json_t *root = saved_rich_json(t);
     json_t *a2 = jpath(root, "allocations[2]");
     json_object_set_new(a2, "first_use", json_integer(3));
     json_object_set_new(a2, "last_use", json_integer(3));
@@ -828,12 +830,7 @@ static void test_load_plan_errors(void **state)
 static void test_load_too_large(void **state)
 {
     struct tdir *t = *state;
-    struct rich r;
-    rich_fill(&r);
-    char err[512] = "";
-    assert_int_equal(fs_profile_save(t->path, &r.p, err, sizeof(err)), FS_OK);
-    json_error_t je;
-    json_t *root = json_load_file(t->path, 0, &je);
+    json_t *root = saved_rich_json(t);
     json_t *pts = jpath(root, "bandwidth.points");
     for (int i = 0; i < 4097 - 3; i++)
         json_array_append(pts, json_array_get(pts, 0));
@@ -849,23 +846,19 @@ static void test_load_too_large(void **state)
 static void test_plan_without_planner(void **state)
 {
     struct tdir *t = *state;
-    struct rich r;
-    rich_fill(&r);
-    char err[512] = "";
-    assert_int_equal(fs_profile_save(t->path, &r.p, err, sizeof(err)), FS_OK);
-    json_error_t je;
-    json_t *root = json_load_file(t->path, 0, &je);
-    assert_non_null(root);
+    json_t *root = saved_rich_json(t);
     assert_string_equal(json_string_value(jpath(root, "plan.planner")), "0123456789ab");
     json_object_del(json_object_get(root, "plan"), "planner");
     assert_int_equal(json_dump_file(root, t->path, 0), 0);
     json_decref(root);
+    char err[512] = "";
     struct fs_profile q;
     assert_int_equal(fs_profile_load(t->path, &q, err, sizeof(err)), FS_OK);
     assert_string_equal(q.plan.planner, "");
     assert_int_equal(q.plan.nallocs, 4);
     assert_int_equal(fs_profile_save(t->path, &q, err, sizeof(err)), FS_OK);
     fs_profile_free(&q);
+    json_error_t je;
     root = json_load_file(t->path, 0, &je);
     assert_non_null(root);
     assert_non_null(json_object_get(root, "plan"));
@@ -877,17 +870,13 @@ static void test_plan_without_planner(void **state)
 static void test_load_tolerates_extra_fields_and_no_plan(void **state)
 {
     struct tdir *t = *state;
-    struct rich r;
-    rich_fill(&r);
-    char err[512] = "";
-    assert_int_equal(fs_profile_save(t->path, &r.p, err, sizeof(err)), FS_OK);
-    json_error_t je;
-    json_t *root = json_load_file(t->path, 0, &je);
+    json_t *root = saved_rich_json(t);
     json_object_set_new(root, "comment", json_string("recorded by hand"));
     json_object_set_new(jpath(root, "launches[0]"), "grid", json_pack("[iii]", 1, 2, 3));
     json_object_del(root, "plan");
     assert_int_equal(json_dump_file(root, t->path, 0), 0);
     json_decref(root);
+    char err[512] = "";
     struct fs_profile q;
     assert_int_equal(fs_profile_load(t->path, &q, err, sizeof(err)), FS_OK);
     assert_int_equal(q.nlaunches, 5);
