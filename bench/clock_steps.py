@@ -21,12 +21,7 @@ import statistics
 import sys
 import time
 
-
-def side_of(path):
-    """noshim-2.json -> noshim."""
-    name = os.path.basename(path)
-    name = name[:-5] if name.endswith(".json") else name
-    return name.rsplit("-", 1)[0] if "-" in name else name
+from layer_steps import side_of  # bench/ is this script's directory, first on sys.path
 
 
 def read_smi(lines):
@@ -64,13 +59,13 @@ def run_steps(res, smi):
 
 
 def correlation(xs, ys):
+    """Pearson's r, or None with fewer than 3 points or a constant side."""
     if len(xs) < 3:
         return None
-    mx, my = statistics.mean(xs), statistics.mean(ys)
-    sxy = sum((x - mx) * (y - my) for x, y in zip(xs, ys))
-    sxx = sum((x - mx) ** 2 for x in xs)
-    syy = sum((y - my) ** 2 for y in ys)
-    return sxy / (sxx * syy) ** 0.5 if sxx > 0 and syy > 0 else None
+    try:
+        return statistics.correlation(xs, ys)
+    except statistics.StatisticsError:
+        return None
 
 
 def fmt(v, spec):
@@ -129,7 +124,8 @@ def selftest():
     assert [s[0] for s in steps] == [2, 3, 4], steps
     assert [s[4] for s in steps] == [5, 5, 10], steps
     assert steps[0][2] == 1980 and steps[2][2] == 1500 and steps[2][3] == 700, steps
-    assert correlation([1, 2, 3], [3, 2, 1]) == -1.0 and correlation([1, 1, 1], [1, 2, 3]) is None
+    assert abs(correlation([1, 2, 3], [3, 2, 1]) + 1.0) < 1e-12
+    assert correlation([1, 1, 1], [1, 2, 3]) is None and correlation([1, 2], [2, 1]) is None
     with tempfile.TemporaryDirectory() as d:
         for name, r in (("shim-1.json", res), ("old-1.json", {"step_ms": [1.0]})):
             with open(os.path.join(d, name), "w") as f:

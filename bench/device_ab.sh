@@ -34,8 +34,10 @@ fi
 [ "${TRACE:-0}" = 1 ] && export FLEXTENSOR_TRACE_OUT=$d/trace-{pid}.json
 PROFILE=$prof OUT=$d bash bench/overhead.sh 2>&1 | tee "$d/overhead.txt"
 rc=${PIPESTATUS[0]}
-[ -n "$smi" ] && kill "$smi"
-[ -n "$smi" ] && python3 bench/clock_steps.py "$d/smi.csv" "$d"/*-[0-9].json >"$d/clock_steps.txt" 2>&1
+if [ -n "$smi" ]; then
+    kill "$smi"
+    python3 bench/clock_steps.py "$d/smi.csv" "$d"/*-[0-9].json >"$d/clock_steps.txt" 2>&1
+fi
 case " ${BENCH_ARGS:-} " in *" --layer-times all "*)
     python3 bench/layer_steps.py "$d"/*-[0-9].json 2>&1 | tee "$d/layer_steps.txt" ;;
 esac
