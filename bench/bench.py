@@ -473,6 +473,14 @@ def note_step_start(res):
     res.setdefault("step_start_unix", []).append(round(time.time(), 4))
 
 
+def note_step_queued(res, t0):
+    """The host's time to queue the step's work (res["queue_ms"]), from T0 to before the
+    synchronize: well below the step's time when the GPU bounds it and the launch queue does not
+    fill; close to it when the host bounds it (or the queue fills). Set beside the step time of
+    runs with and without a shim, it says whether the shim's cost is on the host."""
+    res.setdefault("queue_ms", []).append(round((time.perf_counter() - t0) * 1000, 3))
+
+
 def run_prefill(model, args, res, stop):
     import torch
 
@@ -488,6 +496,7 @@ def run_prefill(model, args, res, stop):
             note_step_start(res)
             t0 = time.perf_counter()
             out = model(input_ids=x, use_cache=False)
+            note_step_queued(res, t0)
             torch.cuda.synchronize()
             times.append(time.perf_counter() - t0)
             if layers:
@@ -548,6 +557,7 @@ def run_decode(model, args, res, stop):
             out = model(input_ids=cur, past_key_values=past, use_cache=True)
             past = out.past_key_values
             cur = out.logits[:, -1, :].argmax(dim=-1, keepdim=True)
+            note_step_queued(res, t0)
             torch.cuda.synchronize()
             times.append(time.perf_counter() - t0)
             toks.append(cur)
@@ -722,7 +732,7 @@ def fake_measure(args, res):
                              [c / 2, args.weight_bytes // 20, "model.layers.0.self_attn.o_proj"],
                              [c * 0.9, args.weight_bytes * 9 // 10, "lm_head"]]
     res.update(step_ms=[round(t, 3) for t in times], step_ms_median=round(med, 3),
-               timed_steps=n, warmup_steps=args.warmup, build_s=3.0, import_s=4.0,
+               queue_ms=[round(t * 0.9, 3) for t in times], timed_steps=n, warmup_steps=args.warmup, build_s=3.0, import_s=4.0,
                ttfs_s=9.0 + (1.5 if args.system in SHIM_SYSTEMS else 0.0),
                weight_checksum=1234.5)
     if args.workload == "prefill":

@@ -363,6 +363,8 @@ expect "overhead.sh: two rounds, a ratio" "$tmp/o" '^shim [0-9.]+ ms \(median of
 expect "overhead.sh: the watching side too" "$tmp/o" '^watch [0-9.]+ ms \(median of 2 runs\): ratio [0-9.]+'
 expect "overhead.sh: compares the outputs" "$tmp/o" '^outputs identical in all 6 runs$'
 expect "overhead.sh: start-up per side" "$tmp/o" '^start-up \(median time to the first step.s end\): noshim [0-9.]+ s; shim [0-9.]+ s \([0-9.]+ x\); watch'
+expect "overhead.sh: each side's 10th-percentile step" "$tmp/o" '^10th-percentile step \(median over runs\): noshim [0-9.]+ ms; shim [0-9.]+ ms \([0-9.]+\); watch [0-9.]+ ms'
+expect "overhead.sh: each side's host time to queue a step" "$tmp/o" '^host time to queue a step \(median over runs; near the step: host-bound\): noshim [0-9.]+ ms; shim [0-9.]+ ms \([0-9.]+\)'
 FAKE=1 PROFILE="$tmp/prof.json" OUT="$tmp/ovh" ROUNDS=1 SIDES="noshim alt1" ALT_LIBS=/x.so bash bench/overhead.sh >"$tmp/o" 2>&1; rc=$?
 expect_rc "overhead.sh: another build as side alt1" 0 $rc "$tmp/o"
 expect "overhead.sh: alt1's ratio" "$tmp/o" '^alt1 [0-9.]+ ms \(median of 1 runs\): ratio [0-9.]+'
