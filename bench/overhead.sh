@@ -177,23 +177,22 @@ for side in sides:
         m, f = statistics.median(med[side]), min(med[side])
         print(f"{side} {m:.2f} ms (median of {len(med[side])} runs): ratio {m / base:.3f}; "
               f"fastest run {f:.2f} ms: ratio {f / low:.3f}")
-if all(fast.values()):
-    f0 = statistics.median(fast["noshim"])
-    print("10th-percentile step (median over runs): " + "; ".join(
-        f"{side} {statistics.median(fast[side]):.2f} ms"
-        + ("" if side == "noshim" else f" ({statistics.median(fast[side]) / f0:.3f})")
+
+
+def per_side(label, values, unit, ratio):
+    """LABEL: each side's median of VALUES, with its ratio to noshim's (written as RATIO says)."""
+    if not values["noshim"] or not all(values.values()):
+        return
+    v0 = statistics.median(values["noshim"])
+    print(f"{label}: " + "; ".join(
+        f"{side} {statistics.median(values[side]):.2f} {unit}"
+        + ("" if side == "noshim" else ratio.format(statistics.median(values[side]) / v0))
         for side in sides))
-if all(queue.values()):
-    q0 = statistics.median(queue["noshim"])
-    print("host time to queue a step (median over runs; near the step: host-bound): " + "; ".join(
-        f"{side} {statistics.median(queue[side]):.2f} ms"
-        + ("" if side == "noshim" else f" ({statistics.median(queue[side]) / q0:.3f})")
-        for side in sides))
-if ttfs["noshim"] and all(ttfs.values()):
-    t0 = statistics.median(ttfs["noshim"])
-    print("start-up (median time to the first step's end): " + "; ".join(
-        f"{side} {statistics.median(ttfs[side]):.2f} s"
-        + ("" if side == "noshim" else f" ({statistics.median(ttfs[side]) / t0:.2f} x)")
-        for side in sides))
+
+
+per_side("10th-percentile step (median over runs)", fast, "ms", " ({:.3f})")
+per_side("host time to queue a step (median over runs; near the step: host-bound)", queue, "ms",
+         " ({:.3f})")
+per_side("start-up (median time to the first step's end)", ttfs, "s", " ({:.2f} x)")
 sys.exit(0 if len(outputs) <= 1 else 1)
 EOF
