@@ -732,7 +732,8 @@ def fake_measure(args, res):
                              [c / 2, args.weight_bytes // 20, "model.layers.0.self_attn.o_proj"],
                              [c * 0.9, args.weight_bytes * 9 // 10, "lm_head"]]
     res.update(step_ms=[round(t, 3) for t in times], step_ms_median=round(med, 3),
-               queue_ms=[round(t * 0.9, 3) for t in times], timed_steps=n, warmup_steps=args.warmup, build_s=3.0, import_s=4.0,
+               queue_ms=[round(t * 0.9, 3) for t in times], timed_steps=n,
+               warmup_steps=args.warmup, build_s=3.0, import_s=4.0,
                ttfs_s=9.0 + (1.5 if args.system in SHIM_SYSTEMS else 0.0),
                weight_checksum=1234.5)
     if args.workload == "prefill":

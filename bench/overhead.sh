@@ -153,10 +153,11 @@ for r in range(1, rounds + 1):
               f"(model build {result.get('build_s')} s), output {fp}")
         if ms is not None:
             med[side].append(ms)
-        timed = sorted((result.get("step_ms") or [])[result.get("warmup_steps") or 0:])
+        warm = result.get("warmup_steps") or 0
+        timed = sorted((result.get("step_ms") or [])[warm:])
         if timed:
             fast[side].append(timed[len(timed) // 10])
-        queued = (result.get("queue_ms") or [])[result.get("warmup_steps") or 0:]
+        queued = (result.get("queue_ms") or [])[warm:]
         if queued:
             queue[side].append(statistics.median(queued))
         if result.get("ttfs_s") is not None:

@@ -629,6 +629,19 @@ static struct fs_device *start_logged(const char *path, const char *extra, const
     return dev;
 }
 
+/* A fresh engine from the profile PATH with EXTRA settings, logging to LOG_PATH: the program runs
+ * ITERS iterations (its data checked) and the engine stops; its stats in ST, its log in LOG. */
+static void run_logged(const char *path, const char *extra, const char *log_path, int iters,
+                       struct fs_engine_stats *st, char *log, size_t log_size)
+{
+    uint64_t w[L], act;
+    struct fs_device *dev = start_logged(path, extra, log_path, w, &act);
+    assert_int_equal(run_program(dev, w, L, act, iters), 0);
+    fs_engine_get_stats(st);
+    stop(dev);
+    fs_test_read_file(log_path, log, log_size);
+}
+
 static struct fs_device *start_from_profile(const char *path, const char *extra, uint64_t *w,
                                             uint64_t *act)
 {
@@ -731,16 +744,11 @@ static void test_early_start(void **state)
     assert_int_equal(fs_profile_save(other, &p, err, sizeof(err)), FS_OK);
     fs_profile_free(&p);
     for (int ours = 1; ours >= 0; ours--) {
-        uint64_t w[L], act;
+        struct fs_engine_stats st;
         start_early = true;
-        struct fs_device *dev = start_logged(ours ? path : other, NULL, log_path, w, &act);
+        run_logged(ours ? path : other, NULL, log_path, 8, &st, log, sizeof(log));
         start_early = false;
         assert_int_equal(started_early, ours);
-        assert_int_equal(run_program(dev, w, L, act, 8), 0);
-        struct fs_engine_stats st;
-        fs_engine_get_stats(&st);
-        stop(dev);
-        fs_test_read_file(log_path, log, sizeof(log));
         assert_int_equal(strstr(log, "starting early: the profile is this program's") != NULL,
                          ours);
         assert_int_equal(st.exec.plans, 1);
@@ -939,18 +947,14 @@ static void test_plan_headroom(void **state)
     fresh_path(path, sizeof(path));
     fresh_path(log_path, sizeof(log_path));
     record_profile(path, "FLEXTENSOR_GPU_MEMORY_LIMIT=64MiB");
-    uint64_t w[L], act;
-    struct fs_device *dev = start_logged(path, "FLEXTENSOR_PLAN_HEADROOM=4MiB", log_path, w, &act);
-    assert_int_equal(run_program(dev, w, L, act, 8), 0);
     struct fs_engine_stats st;
-    fs_engine_get_stats(&st);
-    stop(dev);
-    fs_test_read_file(log_path, log, sizeof(log));
+    run_logged(path, "FLEXTENSOR_PLAN_HEADROOM=4MiB", log_path, 8, &st, log, sizeof(log));
     assert_non_null(strstr(log, " at 60 MiB, predicted"));
     assert_true(st.exec.plans == 1 && st.exec.prefetches > 0);
     assert_true(st.res.device_bytes_peak <= 64 * MIB);
 
-    dev = start_logged(path, "FLEXTENSOR_PLAN_HEADROOM=64MiB", log_path, w, &act);
+    uint64_t w[L], act;
+    struct fs_device *dev = start_logged(path, "FLEXTENSOR_PLAN_HEADROOM=64MiB", log_path, w, &act);
     stop(dev);
     fs_test_read_file(log_path, log, sizeof(log));
     assert_non_null(strstr(log, "FLEXTENSOR_PLAN_HEADROOM (64 MiB) is not less than the budget "
@@ -1060,13 +1064,8 @@ static void test_plan_of_other_planning_code_made_again(void **state)
         fresh_path(path, sizeof(path));
         fresh_path(log_path, sizeof(log_path));
         record_plan_reading_w3(path, planners[i]);
-        uint64_t w[L], act;
-        struct fs_device *dev = start_logged(path, NULL, log_path, w, &act);
-        assert_int_equal(run_program(dev, w, L, act, 6), 0);
         struct fs_engine_stats st;
-        fs_engine_get_stats(&st);
-        stop(dev);
-        fs_test_read_file(log_path, log, sizeof(log));
+        run_logged(path, NULL, log_path, 6, &st, log, sizeof(log));
         assert_non_null(strstr(log, "its plan was made by other planning code"));
         assert_non_null(strstr(log, fs_planner_id()));
         assert_int_equal(st.exec.plans, 1);
