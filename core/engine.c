@@ -46,6 +46,7 @@ static struct {
     bool can_pause;
     int pausing;
     bool paused;
+    bool tracker_started; /* a run that starts paused sets the tracker up only when it resumes */
     uint64_t open;
     pthread_t early;    /* fs_engine_start_early's thread */
     bool early_running; /* EARLY is to be joined */
@@ -386,13 +387,24 @@ static int start_locked(int want, struct fs_profile *loaded)
     if (eng.tracker) {
         /* Before the first report: launches count themselves open only where a pause may come
          * (a plan can move nothing only with a profile). */
-        __atomic_store_n(&eng.can_pause,
-                         eng.tracker->pause && eng.planning &&
-                             fs_config_u64(cfg, FS_P_PAUSE_TRACKING) != 0,
-                         __ATOMIC_RELAXED);
-        rc = eng.tracker->start();
-        if (rc != FS_OK)
-            goto fail_rec; /* the tracker said why */
+        bool can_pause = eng.tracker->pause && eng.planning &&
+                         fs_config_u64(cfg, FS_P_PAUSE_TRACKING) != 0;
+        __atomic_store_n(&eng.can_pause, can_pause, __ATOMIC_RELAXED);
+        if (can_pause && !fs_rec_active(&eng.rec) && fs_exec_moves_nothing(&eng.exec) &&
+            fs_res_freeze(&eng.res) == FS_OK) {
+            /* A tracker set up and then paused still costs the program's launches time (CUPTI,
+             * measured on an H100 decode); this one is set up only if tracking must resume. */
+            __atomic_store_n(&eng.pausing, 1, __ATOMIC_SEQ_CST);
+            eng.paused = true;
+            STAT_ADD(tracking_pauses, 1);
+            FS_INFO("launch tracking starts paused: the plan moves nothing and every allocation "
+                    "fits; it is set up only if that changes");
+        } else {
+            rc = eng.tracker->start();
+            if (rc != FS_OK)
+                goto fail_rec; /* the tracker said why */
+            eng.tracker_started = true;
+        }
     }
     eng.stats.budget = budget;
     if (fs_config_str(cfg, FS_P_TRACE_OUT)[0] && !fs_rt_on() &&
@@ -529,7 +541,8 @@ bool fs_engine_started(void)
 /* ---- pausing launch tracking ------------------------------------------------------------------
  * While the plan moves nothing and every allocation is on the device, watching launches only
  * costs time (CUPTI's callbacks, about 0.5 us a launch: a few percent of a launch-bound step), so
- * tracking pauses. Launches the engine does not see may use any allocation that exists, at any
+ * tracking pauses. A plan from a profile that moves nothing starts paused, the tracker not even
+ * set up (tracker_resume sets it up if tracking must resume). Launches the engine does not see may use any allocation that exists, at any
  * time, so every allocation on the device then is frozen (never moved again, residency.h), and
  * so is every one placed there while paused. An allocation that does not fit resumes tracking
  * before the program gets it; it, and the ones after it, are managed as usual among themselves.
@@ -594,6 +607,16 @@ out:
     pthread_mutex_unlock(&eng.pause_lock);
 }
 
+/* The tracker reporting again: set up now if the run started paused. PAUSE_LOCK held. */
+static int tracker_resume(void)
+{
+    if (eng.tracker_started)
+        return eng.tracker->pause(false);
+    int rc = eng.tracker->start();
+    eng.tracker_started = rc == FS_OK;
+    return rc;
+}
+
 /* Track launches again if they are not (WHY: a line for the log); NEW_VA: an allocation not yet
  * handed to the program (0: none), frozen if tracking cannot resume. Rare: the caller checked
  * that something needs it. */
@@ -602,7 +625,7 @@ static void resume_tracking(const char *why, fs_dptr new_va)
     pthread_mutex_lock(&eng.pause_lock);
     if (!eng.pausing)
         goto out;
-    if (eng.paused && eng.tracker->pause(false) != FS_OK) {
+    if (eng.paused && tracker_resume() != FS_OK) {
         if (new_va)
             fs_res_freeze_alloc(&eng.res, new_va);
         FS_WARN("%s, but launch tracking cannot resume: it stays paused and nothing moves (the "
