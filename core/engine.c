@@ -46,7 +46,8 @@ static struct {
     bool can_pause;
     int pausing;
     bool paused;
-    bool tracker_started; /* a run that starts paused sets the tracker up only when it resumes */
+    /* A run that starts paused sets the tracker up only when it resumes, and tries once. */
+    enum { TRACKER_NOT_SET_UP, TRACKER_ON, TRACKER_FAILED } tracker_state;
     uint64_t open;
     pthread_t early;    /* fs_engine_start_early's thread */
     bool early_running; /* EARLY is to be joined */
@@ -401,9 +402,11 @@ static int start_locked(int want, struct fs_profile *loaded)
                     "fits; it is set up only if that changes");
         } else {
             rc = eng.tracker->start();
-            if (rc != FS_OK)
+            if (rc != FS_OK) {
+                FS_WARN("without launch tracking the program runs unmanaged");
                 goto fail_rec; /* the tracker said why */
-            eng.tracker_started = true;
+            }
+            eng.tracker_state = TRACKER_ON;
         }
     }
     eng.stats.budget = budget;
@@ -607,13 +610,16 @@ out:
     pthread_mutex_unlock(&eng.pause_lock);
 }
 
-/* The tracker reporting again: set up now if the run started paused. PAUSE_LOCK held. */
+/* The tracker reporting again: set up now if the run started paused (once: a tracker that could
+ * not be set up is not tried again). PAUSE_LOCK held. */
 static int tracker_resume(void)
 {
-    if (eng.tracker_started)
+    if (eng.tracker_state == TRACKER_ON)
         return eng.tracker->pause(false);
+    if (eng.tracker_state == TRACKER_FAILED)
+        return FS_ERR_UNSUPPORTED;
     int rc = eng.tracker->start();
-    eng.tracker_started = rc == FS_OK;
+    eng.tracker_state = rc == FS_OK ? TRACKER_ON : TRACKER_FAILED;
     return rc;
 }
 
