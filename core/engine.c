@@ -46,6 +46,8 @@ static struct {
     bool can_pause;
     int pausing;
     bool paused;
+    /* A run that starts paused sets the tracker up only when it resumes, and tries once. */
+    enum { TRACKER_NOT_SET_UP, TRACKER_ON, TRACKER_FAILED } tracker_state;
     uint64_t open;
     pthread_t early;    /* fs_engine_start_early's thread */
     bool early_running; /* EARLY is to be joined */
@@ -386,13 +388,26 @@ static int start_locked(int want, struct fs_profile *loaded)
     if (eng.tracker) {
         /* Before the first report: launches count themselves open only where a pause may come
          * (a plan can move nothing only with a profile). */
-        __atomic_store_n(&eng.can_pause,
-                         eng.tracker->pause && eng.planning &&
-                             fs_config_u64(cfg, FS_P_PAUSE_TRACKING) != 0,
-                         __ATOMIC_RELAXED);
-        rc = eng.tracker->start();
-        if (rc != FS_OK)
-            goto fail_rec; /* the tracker said why */
+        bool can_pause = eng.tracker->pause && eng.planning &&
+                         fs_config_u64(cfg, FS_P_PAUSE_TRACKING) != 0;
+        __atomic_store_n(&eng.can_pause, can_pause, __ATOMIC_RELAXED);
+        if (can_pause && !fs_rec_active(&eng.rec) && fs_exec_moves_nothing(&eng.exec) &&
+            fs_res_freeze(&eng.res) == FS_OK) {
+            /* A tracker set up and then paused still costs the program's launches time (CUPTI,
+             * measured on an H100 decode); this one is set up only if tracking must resume. */
+            __atomic_store_n(&eng.pausing, 1, __ATOMIC_SEQ_CST);
+            eng.paused = true;
+            STAT_ADD(tracking_pauses, 1);
+            FS_INFO("launch tracking starts paused: the plan moves nothing and every allocation "
+                    "fits; it is set up only if that changes");
+        } else {
+            rc = eng.tracker->start();
+            if (rc != FS_OK) {
+                FS_WARN("without launch tracking the program runs unmanaged");
+                goto fail_rec; /* the tracker said why */
+            }
+            eng.tracker_state = TRACKER_ON;
+        }
     }
     eng.stats.budget = budget;
     if (fs_config_str(cfg, FS_P_TRACE_OUT)[0] && !fs_rt_on() &&
@@ -529,7 +544,8 @@ bool fs_engine_started(void)
 /* ---- pausing launch tracking ------------------------------------------------------------------
  * While the plan moves nothing and every allocation is on the device, watching launches only
  * costs time (CUPTI's callbacks, about 0.5 us a launch: a few percent of a launch-bound step), so
- * tracking pauses. Launches the engine does not see may use any allocation that exists, at any
+ * tracking pauses. A plan from a profile that moves nothing starts paused, the tracker not even
+ * set up (tracker_resume sets it up if tracking must resume). Launches the engine does not see may use any allocation that exists, at any
  * time, so every allocation on the device then is frozen (never moved again, residency.h), and
  * so is every one placed there while paused. An allocation that does not fit resumes tracking
  * before the program gets it; it, and the ones after it, are managed as usual among themselves.
@@ -594,6 +610,19 @@ out:
     pthread_mutex_unlock(&eng.pause_lock);
 }
 
+/* The tracker reporting again: set up now if the run started paused (once: a tracker that could
+ * not be set up is not tried again). PAUSE_LOCK held. */
+static int tracker_resume(void)
+{
+    if (eng.tracker_state == TRACKER_ON)
+        return eng.tracker->pause(false);
+    if (eng.tracker_state == TRACKER_FAILED)
+        return FS_ERR_UNSUPPORTED;
+    int rc = eng.tracker->start();
+    eng.tracker_state = rc == FS_OK ? TRACKER_ON : TRACKER_FAILED;
+    return rc;
+}
+
 /* Track launches again if they are not (WHY: a line for the log); NEW_VA: an allocation not yet
  * handed to the program (0: none), frozen if tracking cannot resume. Rare: the caller checked
  * that something needs it. */
@@ -602,7 +631,7 @@ static void resume_tracking(const char *why, fs_dptr new_va)
     pthread_mutex_lock(&eng.pause_lock);
     if (!eng.pausing)
         goto out;
-    if (eng.paused && eng.tracker->pause(false) != FS_OK) {
+    if (eng.paused && tracker_resume() != FS_OK) {
         if (new_va)
             fs_res_freeze_alloc(&eng.res, new_va);
         FS_WARN("%s, but launch tracking cannot resume: it stays paused and nothing moves (the "

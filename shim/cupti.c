@@ -220,8 +220,8 @@ int fs_shim_tracking_pause(bool paused)
 int fs_shim_tracking_start(void)
 {
     if (fs_cuda_load_cupti() != FS_OK) {
-        FS_WARN("CUPTI (libcupti.so.13) was not found, so kernel launches cannot be seen: the "
-                "program runs unmanaged; put the CUDA toolkit's CUPTI on LD_LIBRARY_PATH");
+        FS_WARN("CUPTI (libcupti.so.13) was not found, so kernel launches cannot be seen; put "
+                "the CUDA toolkit's CUPTI on LD_LIBRARY_PATH");
         return FS_ERR_UNSUPPORTED;
     }
     char other[256] = "";
@@ -234,15 +234,15 @@ int fs_shim_tracking_start(void)
     CUptiResult r = fs_cuda.cuptiSubscribe_v2(&subscriber, on_driver_call, NULL, &sp);
     if (r == CUPTI_ERROR_MULTIPLE_SUBSCRIBERS_NOT_SUPPORTED) {
         FS_WARN("CUPTI is already in use by %s (a profiler such as torch.profiler, nsys or "
-                "compute-sanitizer): flexshim cannot see kernel launches, so the program runs "
-                "unmanaged; run without the profiler to use flexshim",
+                "compute-sanitizer): flexshim cannot see kernel launches; run without the "
+                "profiler to use flexshim",
                 other[0] ? other : "another tool");
         return FS_ERR_UNSUPPORTED;
     }
     if (r != CUPTI_SUCCESS) {
         const char *msg = "?";
         fs_cuda.cuptiGetResultString(r, &msg);
-        FS_WARN("CUPTI subscription failed (%s): the program runs unmanaged", msg);
+        FS_WARN("CUPTI subscription failed (%s): kernel launches cannot be seen", msg);
         return FS_ERR_UNSUPPORTED;
     }
     static const CUpti_CallbackId launches[] = {
@@ -278,7 +278,11 @@ int fs_shim_tracking_start(void)
     }
     if (rc != FS_OK) {
         fs_cuda.cuptiUnsubscribe(subscriber);
-        FS_WARN("launch tracking could not be set up: the program runs unmanaged");
+        /* Unmarked, so that a later start (a paused run resuming) reports them all again. */
+        memset(cbid_kind, KIND_NONE, sizeof(cbid_kind));
+        memset(copy_index, 0, sizeof(copy_index));
+        FS_WARN("CUPTI would not report every driver call that touches device memory, so kernel "
+                "launches cannot be tracked");
         return FS_ERR_UNSUPPORTED;
     }
     FS_DEBUG("launch tracking through CUPTI is on");

@@ -575,7 +575,7 @@ step_f() {
     show_counters "$slog" "$WORK/pause.counters"
     grep -h "launch tracking\|tracking paused" "$slog" | cut -c1-400
     local paused resumed early
-    paused=$(grep -c "launch tracking paused:" "$slog")
+    paused=$(grep -cE "launch tracking (starts )?paused:" "$slog")
     resumed=$(grep -c "launch tracking resumed" "$slog")
     early=$(grep -c "starting early" "$slog")
     local notes="exits $rc_ref/$rc_rec/$rc_shim, paused $paused, resumed $resumed, early start $early"

@@ -260,22 +260,26 @@ enum { ACT_KERNELS = 4 };
  * layer is another kernel. */
 enum mark_mode { NO_MARK, MARK_CALL, MARK_KERNEL, EXTRA_LAUNCH, CHANGED };
 
-/* The launch tracker of the PAUSE_TRACKING tests: like CUPTI, no reports while paused. */
+/* The launch tracker of the PAUSE_TRACKING tests: like CUPTI, no reports before it is started or
+ * while paused; TRACKER_STARTS counts the calls to start it. TRACKER_REFUSES 1: refuse to pause;
+ * 2: refuse to start; 3: pause, yet fail, and refuse to resume (a tracker that fails partway). */
+static int tracker_starts;
 static int start_tracking(void)
 {
+    tracker_starts++;
+    if (tracker_refuses == 2)
+        return FS_ERR_DEVICE;
     __atomic_store_n(&tracker_paused, 0, __ATOMIC_RELEASE);
     return FS_OK;
 }
-/* TRACKER_REFUSES 1: refuse to pause; 2: pause, yet fail, and refuse to resume (a tracker that
- * fails partway). */
 static int pause_tracking(bool paused)
 {
     if (tracker_refuses == 1 && paused)
         return FS_ERR_DEVICE;
-    if (tracker_refuses == 2 && !paused)
+    if (tracker_refuses == 3 && !paused)
         return FS_ERR_DEVICE;
     __atomic_store_n(&tracker_paused, paused, __ATOMIC_RELEASE);
-    return tracker_refuses == 2 ? FS_ERR_DEVICE : FS_OK;
+    return tracker_refuses == 3 ? FS_ERR_DEVICE : FS_OK;
 }
 static const struct fs_tracker pausing_tracker = {start_tracking, pause_tracking};
 
@@ -1300,6 +1304,8 @@ static struct fs_device *start_with_room(const char *path, int budget, char *ext
                     NULL};
     start(dev, envp);
     fs_engine_set_tracker(&pausing_tracker);
+    __atomic_store_n(&tracker_paused, 1, __ATOMIC_RELEASE); /* not started yet */
+    tracker_starts = 0;
     return dev;
 }
 
@@ -1330,9 +1336,9 @@ static void *free_in_thread(void *arg)
 }
 
 /* PAUSE_TRACKING: with a plan that moves nothing (the weights and activations resident, an
- * allocation the iteration never uses left where it is, all 76 MiB within 128), tracking pauses
- * at the first allocation and the program runs unseen and exact. An allocation that does not fit
- * resumes it; it works from host memory, the allocations made while paused are never evicted
+ * allocation the iteration never uses left where it is, all 76 MiB within 128), tracking starts
+ * paused, the tracker not even set up, and the program runs unseen and exact. An allocation that
+ * does not fit sets the tracker up; it works from host memory, the allocations made while paused are never evicted
  * for it. Once it is freed tracking pauses again, but only after the launch being tracked on
  * another thread has ended. */
 static void test_tracking_pauses_while_nothing_moves(void **state)
@@ -1348,6 +1354,7 @@ static void test_tracking_pauses_while_nothing_moves(void **state)
     struct fs_engine_stats st;
     fs_engine_get_stats(&st);
     assert_true(__atomic_load_n(&tracker_paused, __ATOMIC_ACQUIRE));
+    assert_int_equal(tracker_starts, 0); /* started paused: the tracker not set up */
     assert_int_equal(st.tracking_pauses, 1);
     assert_int_equal(st.res.frozen, L + 2);
     uint64_t seen = st.launch.launches; /* the launch counters live across engines */
@@ -1359,6 +1366,7 @@ static void test_tracking_pauses_while_nothing_moves(void **state)
     uint64_t big;
     assert_int_equal(fs_engine_alloc(80 * MIB, 0, &big), FS_OK);
     assert_false(__atomic_load_n(&tracker_paused, __ATOMIC_ACQUIRE));
+    assert_int_equal(tracker_starts, 1);
     fs_stream s;
     assert_int_equal(fs_sim_stream_create(dev, &s), FS_OK);
     launch_on(dev, s, big);
@@ -1392,6 +1400,13 @@ static void test_tracking_pauses_while_nothing_moves(void **state)
     fs_engine_get_stats(&st);
     assert_true(__atomic_load_n(&tracker_paused, __ATOMIC_ACQUIRE));
     assert_int_equal(st.tracking_pauses, 2);
+    assert_int_equal(run_program(dev, w, L, act, 3), 0);
+    /* Outgrown again: the tracker, set up now, resumes reporting without a second start. */
+    assert_int_equal(fs_engine_alloc(80 * MIB, 0, &big), FS_OK);
+    assert_false(__atomic_load_n(&tracker_paused, __ATOMIC_ACQUIRE));
+    assert_int_equal(tracker_starts, 1);
+    fs_engine_get_stats(&st);
+    assert_int_equal(st.tracking_resumes, 2);
     assert_int_equal(run_program(dev, w, L, act, 3), 0);
     assert_int_equal(dev->ops->stream_destroy(dev, s), FS_OK);
     stop(dev);
@@ -1448,46 +1463,60 @@ static void test_tracking_kept_or_resumed_for_discovery(void **state)
     unlink(path);
 }
 
-/* A tracker that refuses to pause (at the first allocation): tracking goes on and is not paused
- * again; what was frozen stays so (launches may have passed untracked while the pause was tried),
- * the later allocations move as usual. One that pauses but fails, then cannot resume: the pause
- * stands, and an allocation that does not fit is frozen on host, read there, never faulted in. */
+/* A plan that moves nothing starts paused, the tracker not set up; an allocation that does not fit
+ * (68 + 64 MiB > 128) sets it up. A tracker that refuses to pause again once that allocation is
+ * freed (1): tracking goes on and is not paused again; what was frozen stays so. One that cannot
+ * start (2): the pause stands, it is not tried again, and what does not fit is frozen on host,
+ * read there, never faulted in. One that pauses again but fails, then cannot resume (3): the pause
+ * stands, and the next allocation that does not fit is frozen on host. */
 static void test_tracking_pause_failures(void **state)
 {
     (void)state;
     char path[64];
     fresh_path(path, sizeof(path));
     record_profile(path, "FLEXTENSOR_GPU_MEMORY_LIMIT=128MiB");
-    for (int refuses = 1; refuses <= 2; refuses++) {
+    for (int refuses = 1; refuses <= 3; refuses++) {
         struct fs_device *dev = start_with_room(path, 128, NULL);
         tracker_refuses = refuses;
-        uint64_t w[L], act, big;
+        uint64_t w[L], act, big, more;
         alloc_program(dev, w, L, &act, 2 * MIB);
         struct fs_engine_stats st;
         fs_engine_get_stats(&st);
-        assert_int_equal(__atomic_load_n(&tracker_paused, __ATOMIC_ACQUIRE), refuses == 2);
-        assert_int_equal(st.tracking_pauses, refuses == 2);
-        assert_int_equal(st.res.frozen, refuses == 2 ? L + 1 : 1);
-        assert_int_equal(fs_engine_alloc(64 * MIB, 0, &big), FS_OK); /* 68 + 64 > 128 */
+        assert_true(__atomic_load_n(&tracker_paused, __ATOMIC_ACQUIRE));
+        assert_int_equal(tracker_starts, 0);
+        assert_int_equal(st.tracking_pauses, 1);
+        assert_int_equal(st.res.frozen, L + 1);
+        assert_int_equal(fs_engine_alloc(64 * MIB, 0, &big), FS_OK);
         fs_stream s;
         assert_int_equal(fs_sim_stream_create(dev, &s), FS_OK);
         launch_on(dev, s, big);
         assert_int_equal(run_program(dev, w, L, act, 3), 0);
-        assert_int_equal(dev->ops->stream_destroy(dev, s), FS_OK);
         fs_engine_get_stats(&st);
-        assert_int_equal(st.tracking_resumes, 0);
-        assert_int_equal(st.tracking_pauses, refuses == 2);
-        if (refuses == 1) { /* room made from the weights: 56 + 64 MiB fit */
-            assert_int_equal(st.res.frozen, 1);
-            assert_int_equal(st.res.placed_on_host, 0);
-            assert_true(st.res.evictions > 0);
-        } else {
-            assert_true(__atomic_load_n(&tracker_paused, __ATOMIC_ACQUIRE));
-            assert_int_equal(st.res.frozen, L + 2);
-            assert_int_equal(st.res.placed_on_host, 1);
-            assert_int_equal(st.res.evictions, 0);
-            assert_int_equal(st.res.faults, 0);
+        assert_int_equal(tracker_starts, 1);
+        assert_int_equal(st.res.placed_on_host, 1);
+        assert_int_equal(st.res.evictions, 0); /* the frozen were not moved for it */
+        assert_int_equal(st.res.faults, 0);
+        assert_int_equal(__atomic_load_n(&tracker_paused, __ATOMIC_ACQUIRE), refuses == 2);
+        assert_int_equal(st.tracking_resumes, refuses != 2);
+        assert_int_equal(st.res.frozen, refuses == 2 ? L + 2 : L + 1);
+        if (refuses != 2) {
+            assert_int_equal(fs_engine_free(big), FS_OK); /* everything fits: pauses again */
+            assert_int_equal(fs_engine_alloc(2 * MIB, 0, &more), FS_OK);
+            assert_int_equal(fs_engine_free(more), FS_OK); /* refused: not tried again */
         }
+        assert_int_equal(fs_engine_alloc(64 * MIB, 0, &more), FS_OK); /* does not fit */
+        launch_on(dev, s, more);
+        assert_int_equal(run_program(dev, w, L, act, 3), 0);
+        fs_engine_get_stats(&st);
+        assert_int_equal(tracker_starts, 1);
+        assert_int_equal(st.tracking_pauses, refuses == 3 ? 2 : 1);
+        assert_int_equal(st.tracking_resumes, refuses != 2);
+        assert_int_equal(__atomic_load_n(&tracker_paused, __ATOMIC_ACQUIRE), refuses != 1);
+        assert_int_equal(st.res.faults, 0);
+        /* Tracked (1): MORE is managed as usual. Paused for good (2, 3): frozen where it went,
+         * as was BIG (2) or the small one made meanwhile (3). */
+        assert_int_equal(st.res.frozen, refuses == 1 ? L + 1 : L + 3);
+        assert_int_equal(dev->ops->stream_destroy(dev, s), FS_OK);
         stop(dev);
     }
     unlink(path);
