@@ -29,7 +29,7 @@
     X(cuFuncGetParamInfo) X(cuKernelGetParamInfo) X(cuFuncGetName) X(cuKernelGetName) \
     X(cuMemcpyHtoD) X(cuMemcpyDtoH) X(cuMemsetD32) \
     X(cuModuleLoadData) X(cuModuleGetFunction) X(cuModuleUnload) X(cuLaunchKernel) \
-    X(cuMemHostAlloc) X(cuMemFreeHost) X(cuMemHostGetDevicePointer)
+    X(cuMemHostAlloc) X(cuMemFreeHost) X(cuMemHostGetDevicePointer) X(cuMemAlloc) X(cuMemFree)
 
 #define FS_CUPTI_FUNCS(X) \
     X(cuptiSubscribe_v2) X(cuptiUnsubscribe) X(cuptiEnableCallback) X(cuptiEnableDomain) \

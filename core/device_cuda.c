@@ -660,6 +660,28 @@ static int cuda_host_free(struct fs_device *dev, void *ptr)
     return CU_CHECK(cuMemFreeHost(ptr));
 }
 
+static int cuda_mem_alloc(struct fs_device *dev, uint64_t size, fs_dptr *out)
+{
+    struct cuda_impl *c = impl_of(dev);
+    if (!out || size == 0)
+        return FS_ERR_INVALID;
+    ENSURE_CTX(c);
+    CUdeviceptr p = 0;
+    int rc = CU_CHECK(cuMemAlloc(&p, size));
+    if (rc == FS_OK)
+        *out = (fs_dptr)p;
+    return rc;
+}
+
+static int cuda_mem_free(struct fs_device *dev, fs_dptr ptr)
+{
+    struct cuda_impl *c = impl_of(dev);
+    if (!ptr)
+        return FS_ERR_INVALID;
+    ENSURE_CTX(c);
+    return CU_CHECK(cuMemFree((CUdeviceptr)ptr));
+}
+
 static void cuda_close(struct fs_device *dev)
 {
     if (!dev)
@@ -686,6 +708,8 @@ static const struct fs_device_ops cuda_ops = {
     .va_release = cuda_va_release,
     .map = cuda_map,
     .unmap = cuda_unmap,
+    .mem_alloc = cuda_mem_alloc,
+    .mem_free = cuda_mem_free,
     .stream_create = cuda_stream_create,
     .stream_destroy = cuda_stream_destroy,
     .stream_sync = cuda_stream_sync,

@@ -84,6 +84,7 @@ struct fs_event_ {
 struct sim_resv {
     fs_dptr va;
     uint64_t size;
+    bool plain; /* made by mem_alloc with its memory and mapping: only mem_free gives it back */
 };
 
 struct sim_seg {
@@ -607,28 +608,38 @@ static int sim_phys_release(struct fs_device *dev, fs_phys phys)
     return sim_end(s, rc);
 }
 
+static int resv_add_locked(struct sim *s, uint64_t size, bool plain, fs_dptr *out)
+{
+    if (!out || size == 0 || !aligned(s, size))
+        return FS_ERR_INVALID;
+    if (size > UINT64_MAX - s->next_va - s->cfg.granularity)
+        return FS_ERR_NOMEM;
+    if (!fs_grow((void **)&s->resv, &s->cap_resv, s->nresv + 1, sizeof(*s->resv)))
+        return FS_ERR_NOMEM;
+    /* Addresses only go up, so the array stays sorted by appending. */
+    s->resv[s->nresv++] = (struct sim_resv){s->next_va, size, plain};
+    *out = s->next_va;
+    s->next_va += size + s->cfg.granularity; /* a gap: reservations never touch */
+    s->st.live_va_ranges++;
+    return FS_OK;
+}
+
 static int sim_va_reserve(struct fs_device *dev, uint64_t size, fs_dptr *out)
 {
     struct sim *s = sim_of(dev);
     if (!s)
         return FS_ERR_INVALID;
     int rc = sim_begin(s, FS_SIM_OP_VA_RESERVE);
-    if (rc == FS_OK) {
-        if (!out || size == 0 || !aligned(s, size)) {
-            rc = FS_ERR_INVALID;
-        } else if (size > UINT64_MAX - s->next_va - s->cfg.granularity) {
-            rc = FS_ERR_NOMEM;
-        } else if (!fs_grow((void **)&s->resv, &s->cap_resv, s->nresv + 1, sizeof(*s->resv))) {
-            rc = FS_ERR_NOMEM;
-        } else {
-            /* Addresses only go up, so the array stays sorted by appending. */
-            s->resv[s->nresv++] = (struct sim_resv){s->next_va, size};
-            *out = s->next_va;
-            s->next_va += size + s->cfg.granularity; /* a gap: reservations never touch */
-            s->st.live_va_ranges++;
-        }
-    }
+    if (rc == FS_OK)
+        rc = resv_add_locked(s, size, false, out);
     return sim_end(s, rc);
+}
+
+static void resv_remove(struct sim *s, size_t i)
+{
+    memmove(&s->resv[i], &s->resv[i + 1], (s->nresv - i - 1) * sizeof(*s->resv));
+    s->nresv--;
+    s->st.live_va_ranges--;
 }
 
 /* Index of the reservation containing ADDR, or -1. */
@@ -656,18 +667,14 @@ static int sim_va_release(struct fs_device *dev, fs_dptr va, uint64_t size)
     int rc = sim_begin(s, FS_SIM_OP_VA_RELEASE);
     if (rc == FS_OK) {
         long i = resv_find(s, va);
-        if (i < 0 || s->resv[i].va != va || s->resv[i].size != size) {
+        if (i < 0 || s->resv[i].va != va || s->resv[i].size != size || s->resv[i].plain) {
             rc = FS_ERR_INVALID;
         } else {
             size_t j = seg_lower_bound(s, va);
-            if (j < s->nsegs && s->segs[j].va < va + size) {
+            if (j < s->nsegs && s->segs[j].va < va + size)
                 rc = FS_ERR_INVALID; /* still mapped */
-            } else {
-                memmove(&s->resv[i], &s->resv[i + 1],
-                        (s->nresv - (size_t)i - 1) * sizeof(*s->resv));
-                s->nresv--;
-                s->st.live_va_ranges--;
-            }
+            else
+                resv_remove(s, (size_t)i);
         }
     }
     return sim_end(s, rc);
@@ -696,6 +703,23 @@ static void host_time(struct sim *s, uint64_t size, uint64_t ns_per_gib)
     }
 }
 
+/* Show all of PHYS at VA (inside one reservation). */
+static int seg_insert(struct sim *s, fs_dptr va, uint64_t size, struct fs_phys_ *phys)
+{
+    size_t i = seg_lower_bound(s, va);
+    if (i > 0 && s->segs[i - 1].va + s->segs[i - 1].size > va)
+        return FS_ERR_INVALID;
+    if (i < s->nsegs && s->segs[i].va < va + size)
+        return FS_ERR_INVALID;
+    if (!fs_grow((void **)&s->segs, &s->cap_segs, s->nsegs + 1, sizeof(*s->segs)))
+        return FS_ERR_NOMEM;
+    memmove(&s->segs[i + 1], &s->segs[i], (s->nsegs - i) * sizeof(*s->segs));
+    s->segs[i] = (struct sim_seg){va, size, phys, 0};
+    s->nsegs++;
+    phys->refs++;
+    return FS_OK;
+}
+
 static int map_locked(struct sim *s, fs_dptr va, uint64_t size, struct fs_phys_ *phys,
                       uint64_t off)
 {
@@ -706,19 +730,11 @@ static int map_locked(struct sim *s, fs_dptr va, uint64_t size, struct fs_phys_ 
     if (off != 0 || size != phys->size)
         return FS_ERR_UNSUPPORTED;
     long r = resv_find(s, va);
-    if (r < 0 || va + size > s->resv[r].va + s->resv[r].size)
+    if (r < 0 || va + size > s->resv[r].va + s->resv[r].size || s->resv[r].plain)
         return FS_ERR_INVALID;
-    size_t i = seg_lower_bound(s, va);
-    if (i > 0 && s->segs[i - 1].va + s->segs[i - 1].size > va)
-        return FS_ERR_INVALID;
-    if (i < s->nsegs && s->segs[i].va < va + size)
-        return FS_ERR_INVALID;
-    if (!fs_grow((void **)&s->segs, &s->cap_segs, s->nsegs + 1, sizeof(*s->segs)))
-        return FS_ERR_NOMEM;
-    memmove(&s->segs[i + 1], &s->segs[i], (s->nsegs - i) * sizeof(*s->segs));
-    s->segs[i] = (struct sim_seg){va, size, phys, off};
-    s->nsegs++;
-    phys->refs++;
+    int rc = seg_insert(s, va, size, phys);
+    if (rc != FS_OK)
+        return rc;
     s->st.maps++;
     s->st.maps_by_loc[phys->loc]++;
     host_time(s, size, s->cfg.map_ns_per_gib[phys->loc]);
@@ -740,6 +756,16 @@ static int sim_map(struct fs_device *dev, fs_dptr va, uint64_t size, fs_phys phy
     return sim_end(s, rc);
 }
 
+/* The quiet-range rule: does queued work still touch the range? */
+static bool range_pending(const struct sim *s, fs_dptr va, uint64_t size)
+{
+    for (size_t k = 0; k < s->npending; k++)
+        for (int r = 0; r < s->pending[k]->nranges; r++)
+            if (ranges_overlap(va, size, s->pending[k]->va[r], s->pending[k]->len[r]))
+                return true;
+    return false;
+}
+
 static int unmap_locked(struct sim *s, fs_dptr va, uint64_t size)
 {
     if (size == 0 || !range_ok(va, size))
@@ -748,12 +774,7 @@ static int unmap_locked(struct sim *s, fs_dptr va, uint64_t size)
     size_t i = seg_lower_bound(s, va);
     if (i >= s->nsegs || s->segs[i].va != va || s->segs[i].size != size)
         return FS_ERR_INVALID;
-    /* The quiet-range rule: nothing queued may still touch the range. */
-    bool unsafe = false;
-    for (size_t k = 0; k < s->npending && !unsafe; k++)
-        for (int r = 0; r < s->pending[k]->nranges; r++)
-            if (ranges_overlap(va, size, s->pending[k]->va[r], s->pending[k]->len[r]))
-                unsafe = true;
+    bool unsafe = range_pending(s, va, size);
     s->segs[i].phys->refs--;
     uint64_t cost = s->cfg.unmap_ns_per_gib[s->segs[i].phys->loc];
     memmove(&s->segs[i], &s->segs[i + 1], (s->nsegs - i - 1) * sizeof(*s->segs));
@@ -774,10 +795,71 @@ static int sim_unmap(struct fs_device *dev, fs_dptr va, uint64_t size)
         return FS_ERR_INVALID;
     int rc = sim_begin(s, FS_SIM_OP_UNMAP);
     if (rc == FS_OK) {
+        long r = resv_find(s, va);
         if (s->ncapturing)
             capture_violation(s, "unmap");
-        rc = unmap_locked(s, va, size);
+        rc = r >= 0 && s->resv[r].plain ? FS_ERR_INVALID : unmap_locked(s, va, size);
     }
+    return sim_end(s, rc);
+}
+
+/* Plain memory: a reservation of its own, device memory and the mapping, made together. */
+static int sim_mem_alloc(struct fs_device *dev, uint64_t size, fs_dptr *out)
+{
+    struct sim *s = sim_of(dev);
+    if (!s)
+        return FS_ERR_INVALID;
+    int rc = sim_begin(s, FS_SIM_OP_MEM_ALLOC);
+    if (rc != FS_OK || !out || size == 0 || size > UINT64_MAX - s->cfg.granularity) {
+        rc = rc != FS_OK ? rc : FS_ERR_INVALID;
+        goto out;
+    }
+    uint64_t rounded = (size + s->cfg.granularity - 1) & ~(s->cfg.granularity - 1);
+    fs_phys phys = NULL;
+    fs_dptr va = 0;
+    rc = phys_create_locked(s, rounded, FS_LOC_DEVICE, &phys);
+    if (rc != FS_OK)
+        goto out;
+    rc = resv_add_locked(s, rounded, true, &va);
+    if (rc == FS_OK) {
+        rc = seg_insert(s, va, rounded, phys);
+        if (rc != FS_OK)
+            resv_remove(s, (size_t)resv_find(s, va));
+    }
+    if (rc != FS_OK) {
+        phys_free(s, phys);
+        goto out;
+    }
+    s->st.plain_allocs++;
+    *out = va;
+out:
+    return sim_end(s, rc);
+}
+
+/* As cudaFree: work still queued on the memory makes the context fail (an illegal address). */
+static int sim_mem_free(struct fs_device *dev, fs_dptr ptr)
+{
+    struct sim *s = sim_of(dev);
+    if (!s)
+        return FS_ERR_INVALID;
+    int rc = sim_begin(s, -1);
+    long r = rc == FS_OK ? resv_find(s, ptr) : -1;
+    if (rc == FS_OK && (r < 0 || !s->resv[r].plain || s->resv[r].va != ptr))
+        rc = FS_ERR_INVALID;
+    if (rc != FS_OK)
+        goto out;
+    size_t i = seg_lower_bound(s, ptr);
+    struct fs_phys_ *phys = s->segs[i].phys;
+    bool unsafe = range_pending(s, ptr, s->segs[i].size);
+    memmove(&s->segs[i], &s->segs[i + 1], (s->nsegs - i - 1) * sizeof(*s->segs));
+    s->nsegs--;
+    phys->refs--;
+    phys_free(s, phys);
+    resv_remove(s, (size_t)r);
+    s->st.plain_allocs--;
+    if (unsafe)
+        illegal_access(s, "free of plain memory queued work still touches");
+out:
     return sim_end(s, rc);
 }
 
@@ -1213,6 +1295,8 @@ static const struct fs_device_ops sim_ops = {
     .va_release = sim_va_release,
     .map = sim_map,
     .unmap = sim_unmap,
+    .mem_alloc = sim_mem_alloc,
+    .mem_free = sim_mem_free,
     .stream_create = sim_stream_create,
     .stream_destroy = sim_stream_destroy,
     .stream_sync = sim_stream_sync,

@@ -17,6 +17,10 @@
  * not-yet-executed operation touches is counted in fs_sim_stats.unsafe_unmaps and is also an
  * illegal access.
  *
+ * Plain memory (mem_alloc) is a reservation of its own with device memory mapped at once; map,
+ * unmap and va_release refuse it, mem_free gives all of it back (and, like unmapping, makes the
+ * context fail if queued work still touches it); it counts in fs_sim_stats.plain_allocs.
+ *
  * Mappings follow the CUDA driver: map takes one whole physical allocation (offset 0 and its full
  * size, else FS_ERR_UNSUPPORTED), unmap takes exactly one earlier mapping (same start and size,
  * else FS_ERR_INVALID). Copies may span adjacent mappings; a kernel range must lie within one.
@@ -49,6 +53,7 @@ enum fs_sim_op {
     FS_SIM_OP_STREAM_WAIT,
     FS_SIM_OP_SYNC,
     FS_SIM_OP_FINGERPRINT,
+    FS_SIM_OP_MEM_ALLOC,
     FS_SIM_OP_COUNT
 };
 
@@ -86,6 +91,7 @@ struct fs_sim_stats {
     uint64_t param_layout_queries; /* param_layout calls, failed ones included */
     uint64_t maps_by_loc[2];       /* successful maps, by enum fs_mem_loc of the allocation */
     uint64_t live_phys, live_va_ranges, live_streams, live_events; /* leak checks */
+    uint64_t plain_allocs;         /* live mem_alloc memory */
 };
 
 /* A simulated kernel: FN runs when the kernel completes on the clock, with host pointers for the

@@ -675,7 +675,7 @@ int fs_engine_alloc(uint64_t size, int ordinal, uint64_t *ptr_out)
     STAT_ADD(managed_allocs, 1);
     STAT_ADD(managed_bytes, size);
     if (eng.planning) {
-        const struct fs_alloc *a = fs_res_lookup(&eng.res, va);
+        const struct fs_alloc *a = fs_res_find(&eng.res, va);
         const char *why = NULL;
         fs_rec_note_alloc(&eng.rec, a->id, a->size, a->mapped);
         if (fs_exec_note_alloc(&eng.exec, a->id, a->size, &why) != FS_OK) {
@@ -688,7 +688,7 @@ int fs_engine_alloc(uint64_t size, int ordinal, uint64_t *ptr_out)
     }
     /* Also while a pause is under way on another thread (resume_tracking waits for it). */
     if (FS_UNLIKELY(pause_possible()) &&
-        !fs_res_on_device(fs_res_lookup(&eng.res, va))) {
+        !fs_res_on_device(fs_res_find(&eng.res, va))) {
         char line[96];
         snprintf(line, sizeof(line), "an allocation of %llu bytes does not fit the budget",
                  (unsigned long long)size);
@@ -959,11 +959,11 @@ void fs_engine_shutdown(void)
             (unsigned long long)s.res.clean_bytes, (unsigned long long)s.res.fingerprints);
     FS_INFO("launches: %llu seen, %llu referencing managed memory, %llu unknown (parameters "
             "unreadable), %llu layout queries; tracking paused %llu and resumed %llu times (%llu "
-            "allocations frozen on the device)",
+            "allocations frozen on the device, %llu of them in plain device memory)",
             (unsigned long long)s.launch.launches, (unsigned long long)s.launch.with_refs,
             (unsigned long long)s.launch.unknown, (unsigned long long)s.launch.layout_queries,
             (unsigned long long)s.tracking_pauses, (unsigned long long)s.tracking_resumes,
-            (unsigned long long)s.res.frozen);
+            (unsigned long long)s.res.frozen, (unsigned long long)s.res.plain_made);
     if (s.res.stage_ins > 0 || s.res.redirected > 0)
         FS_INFO("redirect: %llu device copies made (%llu bytes), %llu ended; %llu launches "
                 "redirected to them (%llu parameter words); %llu copies ended early for a launch "

@@ -47,6 +47,14 @@ void fs_phys_block_release(struct fs_device *dev, struct fs_block *b)
     free(b);
 }
 
+/* Lock held. */
+static void note_peak(struct fs_phys_pool *pool)
+{
+    uint64_t now = pool->held_bytes + pool->outside_bytes;
+    if (now > pool->held_peak)
+        pool->held_peak = now;
+}
+
 int fs_phys_pool_init(struct fs_phys_pool *pool, struct fs_device *dev, enum fs_mem_loc loc)
 {
     memset(pool, 0, sizeof(*pool));
@@ -105,8 +113,7 @@ int fs_phys_pool_get(struct fs_phys_pool *pool, uint64_t size, bool grow, struct
     pthread_mutex_lock(&pool->lock);
     pool->counts.made_ns += fs_now_ns() - t0;
     pool->held_bytes += size;
-    if (pool->held_bytes > pool->held_peak)
-        pool->held_peak = pool->held_bytes;
+    note_peak(pool);
     pool->counts.made++;
     pthread_mutex_unlock(&pool->lock);
     return FS_OK;
@@ -152,8 +159,7 @@ void fs_phys_pool_adopt(struct fs_phys_pool *pool, struct fs_block *b)
 {
     pthread_mutex_lock(&pool->lock);
     pool->held_bytes += b->size;
-    if (pool->held_bytes > pool->held_peak)
-        pool->held_peak = pool->held_bytes;
+    note_peak(pool);
     pool->counts.made++;
     pthread_mutex_unlock(&pool->lock);
 }
@@ -181,6 +187,14 @@ uint64_t fs_phys_pool_held(struct fs_phys_pool *pool)
     uint64_t v = pool->held_bytes;
     pthread_mutex_unlock(&pool->lock);
     return v;
+}
+
+void fs_phys_pool_add_outside(struct fs_phys_pool *pool, int64_t delta)
+{
+    pthread_mutex_lock(&pool->lock);
+    pool->outside_bytes += (uint64_t)delta;
+    note_peak(pool);
+    pthread_mutex_unlock(&pool->lock);
 }
 
 uint64_t fs_phys_pool_held_peak(struct fs_phys_pool *pool)

@@ -38,7 +38,8 @@ struct fs_phys_pool {
     int nfree, cap_free;
     uint64_t held_bytes; /* every block of this pool, in use or cached */
     uint64_t free_bytes; /* cached */
-    uint64_t held_peak;
+    uint64_t outside_bytes; /* held beside the pool, counted in its peak (plain allocations) */
+    uint64_t held_peak;     /* of held_bytes + outside_bytes */
     struct fs_pool_counts counts;
 };
 
@@ -64,6 +65,9 @@ void fs_phys_block_release(struct fs_device *dev, struct fs_block *b);
 uint64_t fs_phys_pool_trim(struct fs_phys_pool *pool, uint64_t want);
 
 uint64_t fs_phys_pool_held(struct fs_phys_pool *pool);
+/* Memory of the same kind held beside the pool grew (or, negative, shrank) by DELTA bytes: the
+ * peak counts it too. */
+void fs_phys_pool_add_outside(struct fs_phys_pool *pool, int64_t delta);
 uint64_t fs_phys_pool_held_peak(struct fs_phys_pool *pool);
 struct fs_pool_counts fs_phys_pool_counts(struct fs_phys_pool *pool);
 

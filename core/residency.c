@@ -260,6 +260,79 @@ static void set_stage(struct fs_residency *res, struct fs_alloc *a, fs_dptr stag
     STORE(&a->stage_va, stage_va);
 }
 
+/* ---- plain device memory (fs_alloc.plain) ---------------------------------------------------- */
+
+/* Device bytes the budget counts: the pool's (used and cached) and the plain allocations' (lock
+ * held). */
+static uint64_t device_used(struct fs_residency *res)
+{
+    return fs_phys_pool_held(&res->dev_pool) + res->stats.plain_bytes;
+}
+
+/* Index in plain[] of the first allocation above ADDR (lock held). */
+static size_t plain_upper(const struct fs_residency *res, fs_dptr addr)
+{
+    size_t lo = 0, hi = res->nplain;
+    while (lo < hi) {
+        size_t mid = lo + (hi - lo) / 2;
+        if (res->plain[mid]->va <= addr)
+            lo = mid + 1;
+        else
+            hi = mid;
+    }
+    return lo;
+}
+
+/* The plain allocation containing ADDR, or NULL (lock held). */
+static struct fs_alloc *plain_find(const struct fs_residency *res, fs_dptr addr)
+{
+    size_t i = plain_upper(res, addr);
+    struct fs_alloc *a = i ? res->plain[i - 1] : NULL;
+    return a && addr - a->va < a->size ? a : NULL;
+}
+
+/* Give A plain device memory if the budget has room for it without evicting anything (lock
+ * held): FS_ERR_NOMEM without room, or the device's error; A is then untouched. */
+static int place_plain(struct fs_residency *res, struct fs_alloc *a)
+{
+    if (device_used(res) + a->mapped > res->budget)
+        return FS_ERR_NOMEM;
+    if (!fs_grow((void **)&res->plain, &res->cap_plain, res->nplain + 1, sizeof(*res->plain)))
+        return FS_ERR_NOMEM;
+    int rc = fs_dev_call(res->dev, mem_alloc, a->mapped, &a->va);
+    if (rc != FS_OK)
+        return rc;
+    size_t i = plain_upper(res, a->va);
+    memmove(&res->plain[i + 1], &res->plain[i], (res->nplain - i) * sizeof(*res->plain));
+    res->plain[i] = a;
+    res->nplain++;
+    a->plain = true;
+    a->state = FS_RES_DEVICE;
+    STAT(res, plain_made, 1);
+    STAT(res, plain_bytes, a->mapped);
+    fs_phys_pool_add_outside(&res->dev_pool, (int64_t)a->mapped);
+    return FS_OK;
+}
+
+/* Give plain A's memory back and forget it (lock held); A stays listed if the device fails. */
+static int release_plain(struct fs_residency *res, struct fs_alloc *a)
+{
+    int rc = fs_dev_call(res->dev, mem_free, a->va);
+    if (rc != FS_OK) {
+        FS_WARN("freeing a plain %llu-byte allocation failed (%s)",
+                (unsigned long long)a->size, fs_err_str(rc));
+        return rc;
+    }
+    size_t i = plain_upper(res, a->va) - 1;
+    memmove(&res->plain[i], &res->plain[i + 1], (res->nplain - i - 1) * sizeof(*res->plain));
+    res->nplain--;
+    STAT(res, plain_bytes, -a->mapped);
+    fs_phys_pool_add_outside(&res->dev_pool, -(int64_t)a->mapped);
+    STAT(res, allocs_live, -1);
+    STAT(res, bytes_live, -a->mapped);
+    return FS_OK;
+}
+
 static void alloc_release_memory(struct fs_residency *res, struct fs_alloc *a)
 {
     bool on_host = !a->dev || LOAD(&a->state) == FS_RES_STAGED;
@@ -297,6 +370,13 @@ void fs_res_destroy(struct fs_residency *res)
         free(res->allocs[i]);
     }
     free(res->allocs);
+    while (res->nplain > 0) {
+        struct fs_alloc *a = res->plain[res->nplain - 1];
+        if (release_plain(res, a) != FS_OK)
+            res->nplain--; /* the device failed: nothing more can be given back */
+        free(a);
+    }
+    free(res->plain);
     events_destroy(res);
     fs_dev_call(res->dev, stream_destroy, res->h2d);
     fs_dev_call(res->dev, stream_destroy, res->d2h);
@@ -653,7 +733,7 @@ void fs_res_set_plan_roles(struct fs_residency *res, uint8_t *role, int n)
 static bool room_now(struct fs_residency *res, uint64_t need, bool *grow)
 {
     *grow = !fs_phys_pool_has(&res->dev_pool, need);
-    return !*grow || fs_phys_pool_held(&res->dev_pool) + need <= res->budget;
+    return !*grow || device_used(res) + need <= res->budget;
 }
 
 /* Device memory for NEED bytes within the budget, evicting least recently used allocations not
@@ -661,14 +741,13 @@ static bool room_now(struct fs_residency *res, uint64_t need, bool *grow)
 static int make_room(struct fs_residency *res, uint64_t need, struct fs_alloc *const *keep,
                      int nkeep, bool *grow)
 {
-    if (need > res->budget)
+    if (need + res->stats.plain_bytes > res->budget)
         return FS_ERR_NOMEM; /* evicting others would not help */
     /* Each round returns, releases a cached block or evicts one allocation: bounded. */
     for (int round = 0; round < 4 * res->nallocs + 8; round++) {
         if (room_now(res, need, grow))
             return FS_OK;
-        uint64_t held = fs_phys_pool_held(&res->dev_pool);
-        if (fs_phys_pool_trim(&res->dev_pool, held + need - res->budget) > 0)
+        if (fs_phys_pool_trim(&res->dev_pool, device_used(res) + need - res->budget) > 0)
             continue;
         struct fs_alloc *victim = pick_victim(res, keep, nkeep);
         if (!victim)
@@ -800,6 +879,29 @@ static int place_on_host(struct fs_residency *res, struct fs_alloc *a)
     return FS_OK;
 }
 
+/* The new allocation A in the VA space: on the device while the budget allows, else on host,
+ * where it still works; one the plan offloads starts on host (and takes the device only if no
+ * host memory can be pinned). Lock held. */
+static int place_in_va_space(struct fs_residency *res, struct fs_alloc *a)
+{
+    int rc = fs_va_space_alloc(&res->vs, a->mapped, &a->va);
+    if (rc != FS_OK)
+        return rc;
+    bool host_first = res->next_id < (uint64_t)res->nplan_role &&
+                      (res->plan_role[res->next_id] & FS_PLAN_START_ON_HOST);
+    rc = host_first ? place_on_host(res, a) : place_on_device(res, a);
+    if (rc != FS_OK)
+        rc = host_first ? place_on_device(res, a) : place_on_host(res, a);
+    if (rc != FS_OK) {
+        fs_va_space_free(&res->vs, a->va, a->mapped);
+        return rc;
+    }
+    rc = list_add(res, a);
+    if (rc != FS_OK)
+        alloc_release_memory(res, a); /* also gives the VA range back */
+    return rc;
+}
+
 int fs_res_alloc(struct fs_residency *res, uint64_t size, fs_dptr *out)
 {
     if (size == 0)
@@ -809,26 +911,10 @@ int fs_res_alloc(struct fs_residency *res, uint64_t size, fs_dptr *out)
         return FS_ERR_NOMEM;
     a->size = size;
     a->mapped = fs_round_up(size, res->dev->props.granularity);
-    int rc = fs_va_space_alloc(&res->vs, a->mapped, &a->va);
-    if (rc != FS_OK) {
-        free(a);
-        return rc;
-    }
     pthread_mutex_lock(&res->lock);
-    /* On the device while the budget allows, else on host, where it still works; one the plan
-     * offloads starts on host (and takes the device only if no host memory can be pinned). */
-    bool host_first = res->next_id < (uint64_t)res->nplan_role &&
-                      (res->plan_role[res->next_id] & FS_PLAN_START_ON_HOST);
-    rc = host_first ? place_on_host(res, a) : place_on_device(res, a);
+    int rc = res->freeze_new ? place_plain(res, a) : FS_ERR_UNSUPPORTED;
     if (rc != FS_OK)
-        rc = host_first ? place_on_device(res, a) : place_on_host(res, a);
-    if (rc == FS_OK) {
-        rc = list_add(res, a);
-        if (rc != FS_OK)
-            alloc_release_memory(res, a); /* also gives the VA range back */
-    } else {
-        fs_va_space_free(&res->vs, a->va, a->mapped);
-    }
+        rc = place_in_va_space(res, a);
     if (rc != FS_OK) {
         pthread_mutex_unlock(&res->lock);
         free(a);
@@ -842,15 +928,32 @@ int fs_res_alloc(struct fs_residency *res, uint64_t size, fs_dptr *out)
     STAT(res, allocs_live, 1);
     STAT(res, bytes_live, a->mapped);
     update_host_target(res);
-    fs_va_space_set_owner(&res->vs, a->va, a->mapped, a);
+    if (!a->plain)
+        fs_va_space_set_owner(&res->vs, a->va, a->mapped, a);
     pthread_mutex_unlock(&res->lock);
     *out = a->va;
     return FS_OK;
 }
 
+struct fs_alloc *fs_res_find(struct fs_residency *res, uint64_t addr)
+{
+    struct fs_alloc *a = fs_res_lookup(res, addr);
+    if (a)
+        return a;
+    pthread_mutex_lock(&res->lock);
+    a = plain_find(res, addr);
+    pthread_mutex_unlock(&res->lock);
+    return a;
+}
+
 int fs_res_free(struct fs_residency *res, fs_dptr va)
 {
     struct fs_alloc *a = (struct fs_alloc *)fs_va_space_lookup(&res->vs, va);
+    if (!a) {
+        pthread_mutex_lock(&res->lock);
+        a = plain_find(res, va);
+        pthread_mutex_unlock(&res->lock);
+    }
     if (!a)
         return FS_ERR_NOT_FOUND;
     if (a->va != va)
@@ -860,6 +963,13 @@ int fs_res_free(struct fs_residency *res, fs_dptr va)
     if (rc != FS_OK)
         return rc;
     pthread_mutex_lock(&res->lock);
+    if (a->plain) {
+        rc = release_plain(res, a);
+        pthread_mutex_unlock(&res->lock);
+        if (rc == FS_OK)
+            free(a);
+        return rc;
+    }
     while (LOAD(&a->state) == FS_RES_MOVING)
         pthread_cond_wait(&res->moved, &res->lock);
     alloc_release_memory(res, a);
@@ -1608,7 +1718,10 @@ int fs_res_host_blocks(struct fs_residency *res, fs_dptr *alloc_va, fs_dptr *blo
 
 uint64_t fs_res_device_bytes(struct fs_residency *res)
 {
-    return fs_phys_pool_held(&res->dev_pool);
+    pthread_mutex_lock(&res->lock);
+    uint64_t used = device_used(res);
+    pthread_mutex_unlock(&res->lock);
+    return used;
 }
 
 int fs_res_freeze(struct fs_residency *res)

@@ -82,6 +82,9 @@ struct fs_alloc {
      * engine did not see may use it at any time; on the device (fs_res_freeze), or on host when
      * tracking could not resume (fs_res_freeze_alloc) */
     bool frozen;
+    /* plain device memory of its own (mem_alloc), outside the VA space, never in allocs[]: made
+     * frozen, while launch tracking was paused, so nothing about it is ever remapped (lock) */
+    bool plain;
     int index;              /* in fs_residency.allocs */
     struct fs_fp fp;        /* fingerprint of the host copy, when fp_valid */
     bool fp_valid;          /* host block and device copy agreed when fp was taken, and no
@@ -100,7 +103,7 @@ struct fs_alloc {
 struct fs_res_stats {
     uint64_t allocs_live, bytes_live;
     uint64_t device_bytes_held; /* device pool, in use and cached */
-    uint64_t device_bytes_peak;
+    uint64_t device_bytes_peak; /* device pool and plain allocations together */
     /* device pool blocks made (device memory created and mapped) and given back (trimmed to
      * make room for a block of another size), with the host time in the driver for them: work
      * on the mover's path */
@@ -120,6 +123,8 @@ struct fs_res_stats {
     uint64_t ordered_waits;           /* launches that waited for such a copy on their stream */
     uint64_t failures;                /* internal failures that fell back (logged) */
     uint64_t frozen;                  /* allocations never moved again (fs_res_freeze) */
+    uint64_t plain_made;  /* allocations given plain device memory (fs_alloc.plain) */
+    uint64_t plain_bytes; /* live plain device memory */
     /* OFFLOAD_MODE=redirect: device copies made and ended, their bytes, launches whose pointers
      * were redirected to them, and stages ended on the program's thread for a launch that could
      * not be redirected (a copy, a memset, an unreadable launch) */
@@ -143,6 +148,9 @@ struct fs_residency {
     fs_stream fp_side;
     struct fs_alloc **allocs;
     int nallocs, cap_allocs;
+    /* fs_alloc.plain ones, sorted by VA (lock); their bytes count against the budget */
+    struct fs_alloc **plain;
+    size_t nplain, cap_plain;
     uint64_t next_id;
     uint64_t epoch;         /* atomic; a full synchronize starts a new one before it begins */
     uint64_t synced_epoch;  /* atomic; work stamped with an older epoch has completed */
@@ -186,8 +194,15 @@ int fs_res_init(struct fs_residency *res, struct fs_device *dev, const struct fs
 /* Frees everything (the program's allocations included): only at shutdown. */
 void fs_res_destroy(struct fs_residency *res);
 
-/* A new managed allocation: on the device if the budget allows after eviction, else on host. */
+/* A new managed allocation: on the device if the budget allows after eviction, else on host.
+ * While allocations are frozen as they are placed (fs_res_freeze), one that fits the budget
+ * without eviction gets plain device memory (fs_alloc.plain): it will never move, and plain
+ * memory costs the program's kernels less than VMM-mapped memory (docs/PERFORMANCE.md, stop 28).
+ * The VA space falls back to the usual path when plain memory cannot be had. */
 int fs_res_alloc(struct fs_residency *res, uint64_t size, fs_dptr *out);
+/* Any managed allocation containing ADDR, plain ones included (slower than fs_res_lookup, which
+ * sees only the VA space: no launch ever needs a plain one, which never moves); NULL if none. */
+struct fs_alloc *fs_res_find(struct fs_residency *res, uint64_t addr);
 /* Free a managed allocation by its base address; FS_ERR_NOT_FOUND if not ours,
  * FS_ERR_INVALID for an address inside one. Synchronizes the device first (cudaFree does). */
 int fs_res_free(struct fs_residency *res, fs_dptr va);

@@ -321,6 +321,29 @@ int main(int argc, char **argv)
         }
     }
 
+    /* ---- plain device memory (mem_alloc): copies reach it, and it goes back --------------- */
+    {
+        fs_dptr plain = 0;
+        if (OK(dev, fs_dev_call(dev, mem_alloc, SZ, &plain), "mem_alloc 64 MiB")) {
+            fill_pattern(pat, SZ, 0x0badf00du);
+            if (htod(va_b, pat, SZ, "pattern into B for the plain copy")) {
+                OK(dev, fs_dev_call(dev, copy_async, plain, va_b, SZ, s1),
+                   "copy_async B(host) -> plain");
+                OK(dev, fs_dev_call(dev, stream_sync, s1), "stream_sync s1");
+                memset(back, 0, SZ);
+                if (dtoh(back, plain, SZ, "read plain"))
+                    CHECK(first_diff(pat, back, SZ) < 0, "plain memory holds the copied pattern");
+            }
+            unsigned int type = 0;
+            CUresult r = fs_cuda.cuPointerGetAttribute(&type, CU_POINTER_ATTRIBUTE_MEMORY_TYPE,
+                                                       (CUdeviceptr)plain);
+            CHECK(r == CUDA_SUCCESS && type == CU_MEMORYTYPE_DEVICE,
+                  "plain memory is device memory to the driver (%s, type %u)", fs_cuda_errstr(r),
+                  type);
+            OK(dev, fs_dev_call(dev, mem_free, plain), "mem_free");
+        }
+    }
+
     /* ---- fingerprints (core/fingerprint.cu): the GPU computes what the host computes -------- */
     {
         uint64_t *parts = NULL, *want = malloc(FS_FP_PARTS_BYTES);

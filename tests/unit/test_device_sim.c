@@ -315,6 +315,64 @@ static void test_map_rules(void **state)
     d->ops->close(d);
 }
 
+/* mem_alloc: device memory rounded up to the granularity, that copies reach and the device
+ * counts; map, unmap and va_release refuse it; mem_free gives all of it back, refuses any other
+ * address, and, like an unmap, fails the context if queued work still touches the memory. */
+static void test_plain_memory(void **state)
+{
+    (void)state;
+    struct fs_device *d = open_small();
+    fs_dptr p = 0, q = 0, va = 0;
+    fs_phys h = NULL;
+    struct fs_sim_stats st;
+    assert_int_equal(fs_dev_call(d, mem_alloc, G + 1, &p), FS_OK);
+    fs_sim_get_stats(d, &st);
+    assert_int_equal(st.plain_allocs, 1);
+    assert_int_equal(st.device_bytes_in_use, 2 * G);
+    assert_int_equal(st.maps, 0);
+    enum fs_mem_loc loc = FS_LOC_HOST;
+    assert_int_equal(fs_sim_location(d, p + G, &loc), FS_OK);
+    assert_int_equal(loc, FS_LOC_DEVICE);
+    fill(d, p, 2 * G, 0x3c);
+    assert_true(all_eq(d, p, 2 * G, 0x3c));
+
+    assert_int_equal(fs_dev_call(d, unmap, p, 2 * G), FS_ERR_INVALID);
+    assert_int_equal(fs_dev_call(d, va_release, p, 2 * G), FS_ERR_INVALID);
+    assert_int_equal(fs_dev_call(d, phys_create, G, FS_LOC_HOST, &h), FS_OK);
+    assert_int_equal(fs_dev_call(d, va_reserve, G, &va), FS_OK);
+    assert_int_equal(fs_dev_call(d, mem_free, va), FS_ERR_INVALID);
+    assert_int_equal(fs_dev_call(d, mem_free, p + G), FS_ERR_INVALID);
+    assert_int_equal(fs_dev_call(d, mem_alloc, 64 * MIB, &q), FS_ERR_NOMEM); /* 2 G in use */
+    assert_int_equal(fs_dev_call(d, mem_alloc, 0, &q), FS_ERR_INVALID);
+    assert_int_equal(q, 0);
+
+    /* Copies reach it both ways. */
+    fs_stream s = NULL;
+    assert_int_equal(fs_dev_call(d, map, va, G, h, 0), FS_OK);
+    assert_int_equal(fs_dev_call(d, stream_create, &s), FS_OK);
+    assert_int_equal(fs_dev_call(d, copy_async, va, p, G, s), FS_OK);
+    assert_int_equal(fs_dev_call(d, stream_sync, s), FS_OK);
+    assert_true(all_eq(d, va, G, 0x3c));
+    assert_int_equal(fs_dev_call(d, mem_alloc, G, &q), FS_OK);
+    assert_int_equal(fs_dev_call(d, copy_async, q, va, G, s), FS_OK);
+    assert_int_equal(fs_dev_call(d, stream_sync, s), FS_OK);
+    assert_true(all_eq(d, q, G, 0x3c));
+    assert_int_equal(fs_dev_call(d, mem_free, q), FS_OK);
+    assert_int_equal(fs_dev_call(d, mem_free, q), FS_ERR_INVALID); /* twice */
+    fs_sim_get_stats(d, &st);
+    assert_int_equal(st.plain_allocs, 1);
+    assert_int_equal(st.illegal_accesses, 0);
+
+    /* Freed under queued work: an illegal access, as unmapping it would be. */
+    assert_int_equal(fs_dev_call(d, copy_async, va, p, G, s), FS_OK);
+    assert_int_equal(fs_dev_call(d, mem_free, p), FS_OK);
+    fs_sim_get_stats(d, &st);
+    assert_int_equal(st.plain_allocs, 0);
+    assert_int_equal(st.illegal_accesses, 1);
+    assert_int_equal(fs_dev_call(d, mem_alloc, G, &q), FS_ERR_STICKY);
+    d->ops->close(d);
+}
+
 static void test_unmap_rules(void **state)
 {
     (void)state;
@@ -1378,6 +1436,8 @@ static int workload(struct fs_device *d)
         mh = track(fs_dev_call(d, map, vh, G, ph, 0), &n) == FS_OK;
     track(fs_dev_call(d, stream_create, &s), &n);
     track(fs_dev_call(d, event_create, true, &e), &n);
+    fs_dptr plain = 0;
+    track(fs_dev_call(d, mem_alloc, G, &plain), &n);
     if (md)
         fill(d, vd, G, 0xee);
     if (s && md && mh)
@@ -1438,6 +1498,8 @@ static int workload(struct fs_device *d)
         assert_int_equal(fs_dev_call(d, stream_destroy, s), FS_OK);
     if (e)
         assert_int_equal(fs_dev_call(d, event_destroy, e), FS_OK);
+    if (plain)
+        assert_int_equal(fs_dev_call(d, mem_free, plain), FS_OK);
     return n;
 }
 
@@ -1767,6 +1829,7 @@ int main(void)
         cmocka_unit_test(test_illegal_kernel_access_is_sticky),
         cmocka_unit_test(test_illegal_copy_is_sticky),
         cmocka_unit_test(test_unsafe_unmap),
+        cmocka_unit_test(test_plain_memory),
         cmocka_unit_test(test_failure_injection_every_op),
         cmocka_unit_test(test_fail_nth_counts_and_disarms),
         cmocka_unit_test(test_close_frees_leaked_objects),

@@ -1357,6 +1357,8 @@ static void test_tracking_pauses_while_nothing_moves(void **state)
     assert_int_equal(tracker_starts, 0); /* started paused: the tracker not set up */
     assert_int_equal(st.tracking_pauses, 1);
     assert_int_equal(st.res.frozen, L + 2);
+    assert_int_equal(st.res.plain_made, L + 2); /* all in plain device memory */
+    assert_int_equal(st.res.plain_bytes, 76 * MIB);
     uint64_t seen = st.launch.launches; /* the launch counters live across engines */
     assert_int_equal(run_program(dev, w, L, act, 10), 0);
     fs_engine_get_stats(&st);
@@ -1373,7 +1375,8 @@ static void test_tracking_pauses_while_nothing_moves(void **state)
     assert_int_equal(run_program(dev, w, L, act, 5), 0);
     fs_engine_get_stats(&st);
     assert_int_equal(st.tracking_resumes, 1);
-    assert_int_equal(st.res.placed_on_host, 1);
+    assert_int_equal(st.res.placed_on_host, 1); /* the plain bytes count against the budget */
+    assert_int_equal(st.res.plain_made, L + 2);  /* BIG is managed as usual */
     assert_int_equal(st.res.evictions, 0); /* the frozen were not moved for it */
     assert_true(st.res.host_served >= 1);
     assert_true(st.launch.launches > seen);

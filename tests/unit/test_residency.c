@@ -201,6 +201,72 @@ static void test_alloc_within_budget_stays_on_device(void **state)
     env_close(&e);
 }
 
+/* While allocations are frozen as they are placed (launch tracking paused), one that fits the
+ * budget gets plain device memory outside the VA space, counted against the budget; one whose
+ * plain memory cannot be had is frozen in the VA space; one that does not fit goes to host. Plain
+ * ones are freed, found, and given back at shutdown; after fs_res_stop_freezing none is made. */
+static void test_frozen_allocations_get_plain_memory(void **state)
+{
+    (void)state;
+    struct env e;
+    env_open(&e, 10 * MIB, true);
+    assert_int_equal(fs_res_freeze(&e.res), FS_OK);
+    fs_dptr a, b, c, d, last;
+    uint64_t odd = 3 * MIB + 100; /* 4 MiB of plain memory */
+    assert_int_equal(fs_res_alloc(&e.res, odd, &a), FS_OK);
+    struct fs_sim_stats st;
+    fs_sim_get_stats(e.dev, &st);
+    assert_int_equal(st.plain_allocs, 1);
+    assert_int_equal(st.maps, 0);
+    assert_null(fs_res_lookup(&e.res, a)); /* not in the VA space: launches never see it */
+    struct fs_alloc *pa = fs_res_find(&e.res, a + odd - 1);
+    assert_non_null(pa);
+    assert_true(pa->plain && pa->frozen);
+    assert_int_equal(pa->va, a);
+    assert_null(fs_res_find(&e.res, a + odd));
+    assert_int_equal(where(&e, a), FS_LOC_DEVICE);
+    fill(&e, a, odd, 9);
+    check(&e, a, odd, 9, 0);
+
+    fs_sim_fail_nth(e.dev, FS_SIM_OP_MEM_ALLOC, 1, FS_ERR_DEVICE);
+    assert_int_equal(fs_res_alloc(&e.res, 2 * MIB, &b), FS_OK);
+    struct fs_alloc *pb = fs_res_lookup(&e.res, b);
+    assert_non_null(pb); /* in the VA space, frozen there */
+    assert_true(pb->frozen && !pb->plain);
+    assert_int_equal(where(&e, b), FS_LOC_DEVICE);
+    assert_int_equal(fs_res_device_bytes(&e.res), 6 * MIB);
+
+    assert_int_equal(fs_res_alloc(&e.res, 6 * MIB, &c), FS_OK); /* 4 + 2 + 6 > 10 */
+    assert_int_equal(where(&e, c), FS_LOC_HOST);
+    assert_false(fs_res_lookup(&e.res, c)->plain);
+    struct fs_res_stats rs;
+    fs_res_get_stats(&e.res, &rs);
+    assert_int_equal(rs.plain_made, 1);
+    assert_int_equal(rs.plain_bytes, 4 * MIB);
+    assert_int_equal(rs.frozen, 2);
+    assert_int_equal(rs.evictions, 0);
+    assert_int_equal(rs.device_bytes_peak, 6 * MIB); /* the plain memory with the pool's */
+
+    assert_int_equal(fs_res_free(&e.res, a + MIB), FS_ERR_INVALID);
+    assert_int_equal(fs_res_free(&e.res, a), FS_OK);
+    assert_int_equal(fs_res_free(&e.res, a), FS_ERR_NOT_FOUND);
+    fs_sim_get_stats(e.dev, &st);
+    assert_int_equal(st.plain_allocs, 0);
+    fs_res_get_stats(&e.res, &rs);
+    assert_int_equal(rs.plain_bytes, 0);
+    assert_int_equal(rs.allocs_live, 2);
+    assert_int_equal(fs_res_alloc(&e.res, 4 * MIB, &last), FS_OK); /* room again: plain */
+    assert_true(fs_res_find(&e.res, last)->plain);
+
+    fs_res_stop_freezing(&e.res);
+    assert_int_equal(fs_res_free(&e.res, c), FS_OK);
+    assert_int_equal(fs_res_alloc(&e.res, 2 * MIB, &d), FS_OK);
+    assert_false(fs_res_lookup(&e.res, d)->plain);
+    fs_res_get_stats(&e.res, &rs);
+    assert_int_equal(rs.plain_made, 2);
+    env_close(&e); /* LAST is still allocated: shutdown gives its plain memory back */
+}
+
 /* The exit line's device blocks: a freed block is reused by an allocation of its size; one of
  * another size, with the budget full, costs a block given back and one made. */
 static void test_pool_counts_blocks_made_and_given_back(void **state)
@@ -1526,6 +1592,7 @@ int main(void)
 {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_alloc_within_budget_stays_on_device),
+        cmocka_unit_test(test_frozen_allocations_get_plain_memory),
         cmocka_unit_test(test_pool_counts_blocks_made_and_given_back),
         cmocka_unit_test(test_eviction_preserves_data),
         cmocka_unit_test(test_launch_faults_in_and_kernel_sees_data),
