@@ -365,6 +365,13 @@ expect "overhead.sh: compares the outputs" "$tmp/o" '^outputs identical in all 6
 expect "overhead.sh: start-up per side" "$tmp/o" '^start-up \(median time to the first step.s end\): noshim [0-9.]+ s; shim [0-9.]+ s \([0-9.]+ x\); watch'
 expect "overhead.sh: each side's 10th-percentile step" "$tmp/o" '^10th-percentile step \(median over runs\): noshim [0-9.]+ ms; shim [0-9.]+ ms \([0-9.]+\); watch [0-9.]+ ms'
 expect "overhead.sh: each side's host time to queue a step" "$tmp/o" '^host time to queue a step \(median over runs; near the step: host-bound\): noshim [0-9.]+ ms; shim [0-9.]+ ms \([0-9.]+\)'
+# bench/pooled_steps.py on that output: every side's pooled percentiles against noshim's.
+python3 bench/pooled_steps.py "$tmp/ovh" shim=plain >"$tmp/o" 2>&1; rc=$?
+expect_rc "pooled_steps.py exits 0" 0 $rc "$tmp/o"
+expect "pooled_steps.py: noshim against itself" "$tmp/o" '^noshim +56 steps: pooled p5 [0-9.]+ \(1\.000\)'
+expect "pooled_steps.py: a renamed side, every statistic" "$tmp/o" '^plain +56 steps: pooled p5 [0-9.]+ \([0-9.]+\), p10 [0-9.]+ \([0-9.]+\), p25 [0-9.]+ \([0-9.]+\), p50 [0-9.]+ \([0-9.]+\); best run.s p10 [0-9.]+ \([0-9.]+\)$'
+python3 bench/pooled_steps.py "$tmp/no-such-dir" >"$tmp/o" 2>&1; rc=$?
+expect_rc "pooled_steps.py: no such directory" 1 $rc "$tmp/o"
 FAKE=1 PROFILE="$tmp/prof.json" OUT="$tmp/ovh" ROUNDS=1 SIDES="noshim alt1" ALT_LIBS=/x.so bash bench/overhead.sh >"$tmp/o" 2>&1; rc=$?
 expect_rc "overhead.sh: another build as side alt1" 0 $rc "$tmp/o"
 expect "overhead.sh: alt1's ratio" "$tmp/o" '^alt1 [0-9.]+ ms \(median of 1 runs\): ratio [0-9.]+'
