@@ -26,7 +26,13 @@
 #   f  pause      tests/gpu/pause_test.py: a profile recorded at 4 GiB, then run from it at
 #                 PAUSE_LIMIT (its plan moves nothing: launch tracking pauses), outgrowing it at
 #                 the end (tracking resumes): output identical to the unshimmed run; the
-#                 profile is the program's, so the engine starts as the library loads
+#                 profile is the program's, so the engine starts as the library loads; the
+#                 allocations made while paused are in plain device memory
+#   g  launch     tests/gpu/launch_probe.cu: the host's time to queue a launch, without the
+#                 shim, with it started paused from a profile, with the library loaded but
+#                 disabled (FLEXTENSOR_ENABLED=0), and watching every launch
+#                 (PAUSE_TRACKING=0); LAUNCH_ROUNDS rounds, pinned to LAUNCH_CPUS; outputs
+#                 identical (the numbers are reported, not judged)
 # Every shimmed process runs with FLEXTENSOR_LOG_LEVEL=info and its own FLEXTENSOR_LOG_FILE; the
 # shim's exit counters (allocations / residency / launches) are extracted and printed.
 #
@@ -60,7 +66,7 @@ CUDA_HOME=${CUDA_HOME:-/usr/local/cuda}
 NVCC=${NVCC:-$CUDA_HOME/bin/nvcc}
 LIB=$ROOT/dist/lib/libflexshim.so
 PY=${PYTHON:-python3}
-STEPS_ONLY=${STEPS_ONLY:-a b c d e f}
+STEPS_ONLY=${STEPS_ONLY:-a b c d e f g}
 TOTAL_BUDGET_S=${TOTAL_BUDGET_S:-570}
 CMD_TIMEOUT_S=${CMD_TIMEOUT_S:-300}
 EVICT_LIMIT=${EVICT_LIMIT:-512MiB}
@@ -70,6 +76,8 @@ OVERHEAD_STEPS=${OVERHEAD_STEPS:-64}
 OVERHEAD_WARMUP=${OVERHEAD_WARMUP:-8}
 MEM_FLAG_MIB=${MEM_FLAG_MIB:-3072}
 PAUSE_LIMIT=${PAUSE_LIMIT:-1536MiB}
+LAUNCH_ROUNDS=${LAUNCH_ROUNDS:-3}
+LAUNCH_CPUS=${LAUNCH_CPUS:-4-11}
 START_S=$(date +%s)
 DEADLINE_S=$((START_S + TOTAL_BUDGET_S))
 export CUDA_HOME NVCC LIB PY DEADLINE_S
@@ -99,7 +107,7 @@ record() {
 
 # Collects what comes back in one file; run after every step.
 pack() {
-    (cd "$WORK" && find . -type f ! -name '*.pt' ! -name 'prog_evict' -size -20M -print0 |
+    (cd "$WORK" && find . -type f ! -name '*.pt' ! -name 'prog_evict' ! -name 'launch_probe' -size -20M -print0 |
         tar --null -czf "$OUT/details.tar.gz.tmp" -T - 2>/dev/null) &&
         mv -f "$OUT/details.tar.gz.tmp" "$OUT/details.tar.gz"
 }
@@ -574,11 +582,12 @@ step_f() {
     cat "$d/shim.out"
     show_counters "$slog" "$WORK/pause.counters"
     grep -h "launch tracking\|tracking paused" "$slog" | cut -c1-400
-    local paused resumed early
+    local paused resumed early plain
     paused=$(grep -cE "launch tracking (starts )?paused:" "$slog")
     resumed=$(grep -c "launch tracking resumed" "$slog")
     early=$(grep -c "starting early" "$slog")
-    local notes="exits $rc_ref/$rc_rec/$rc_shim, paused $paused, resumed $resumed, early start $early"
+    plain=$(grep -oE "[0-9]+ of them in plain device memory" "$slog" | tail -1 | cut -d' ' -f1)
+    local notes="exits $rc_ref/$rc_rec/$rc_shim, paused $paused, resumed $resumed, early start $early, plain ${plain:-none}"
     echo "total $(elapsed "$t0") s"
     if [ "$rc_ref" != 0 ] || [ "$rc_rec" != 0 ] || [ "$rc_shim" != 0 ] || [ ! -s "$d/prof.json" ]; then
         record f FAIL "a run failed or no profile; $notes"
@@ -588,8 +597,75 @@ step_f() {
         record f FAIL "identical, but tracking did not pause and resume; $notes"
     elif [ "$early" -lt 1 ]; then
         record f FAIL "identical, but the engine did not start early from the program's profile; $notes"
+    elif [ "${plain:-0}" -lt 1 ]; then
+        record f FAIL "identical, but no allocation made while paused got plain device memory; $notes"
     else
         record f PASS "identical; $notes"
+    fi
+}
+
+# ---- g: the host's cost of a launch --------------------------------------------------------------
+# median of the numbers on stdin
+median() { sort -g | awk '{ v[NR] = $1 } END { if (NR) print v[int((NR + 1) / 2)] }'; }
+
+step_g() {
+    local t0 bin=$WORK/launch_probe d=$WORK/launch prof=$WORK/launch/prof.json r side rc
+    local sides=(noshim shim off watch) bad=0 notes="" base q
+    t0=$(now)
+    mkdir -p "$d"
+    echo "building: $NVCC -O2 -arch=sm_90 -cudart shared -o $bin tests/gpu/launch_probe.cu"
+    if ! "$NVCC" -O2 -arch=sm_90 -cudart shared -o "$bin" tests/gpu/launch_probe.cu 2>&1; then
+        record g FAIL "nvcc failed"
+        return
+    fi
+    echo "--- record a profile at 1 GiB (the program uses 128 MiB: its plan moves nothing)"
+    timeout -k 10 "$(tmo 120)" env FLEXTENSOR_GPU_MEMORY_LIMIT=1GiB FLEXTENSOR_LOG_LEVEL=info \
+        FLEXTENSOR_LOG_FILE="$d/record.log" "$ROOT/dist/bin/flexshim-profile" record -o "$prof" \
+        -- "$bin" >"$d/record.out" 2>&1
+    rc=$?
+    tail -3 "$d/record.out"
+    if [ "$rc" != 0 ] || [ ! -s "$prof" ]; then
+        record g FAIL "recording the profile failed (exit $rc)"
+        return
+    fi
+    # Sides alternate in each round, pinned to the same cores: noshim; shim (from the profile:
+    # starts paused, CUPTI not loaded); off (the library loaded, FLEXTENSOR_ENABLED=0); watch
+    # (FLEXTENSOR_PAUSE_TRACKING=0: every launch seen through CUPTI).
+    for r in $(seq 1 "$LAUNCH_ROUNDS"); do
+        for side in "${sides[@]}"; do
+            local envs=()
+            case $side in
+            shim) envs=($(shim_env "$d/$side-$r.log" 1GiB) FLEXTENSOR_PROFILE="$prof") ;;
+            off) envs=($(shim_env "$d/$side-$r.log" 1GiB) FLEXTENSOR_ENABLED=0) ;;
+            watch) envs=($(shim_env "$d/$side-$r.log" 1GiB) FLEXTENSOR_PROFILE="$prof"
+                FLEXTENSOR_PAUSE_TRACKING=0) ;;
+            esac
+            timeout -k 10 "$(tmo 60)" env "${envs[@]}" taskset -c "$LAUNCH_CPUS" "$bin" \
+                >"$d/$side-$r.out" 2>"$d/$side-$r.err"
+            rc=$?
+            echo "round $r $side (exit $rc): $(grep '^launch_probe:' "$d/$side-$r.err")"
+            if [ "$rc" != 0 ] || ! cmp -s "$d/noshim-1.out" "$d/$side-$r.out"; then
+                bad=1
+            fi
+            grep -oE 'queue per launch median [0-9.]+' "$d/$side-$r.err" |
+                awk '{ print $5 }' >>"$d/$side.queue"
+        done
+    done
+    grep -h "launch tracking\|launches:" "$d"/shim-1.log "$d"/watch-1.log 2>/dev/null | cut -c1-300
+    base=$(median <"$d/noshim.queue")
+    for side in "${sides[@]}"; do
+        q=$(median <"$d/$side.queue")
+        notes="$notes${notes:+; }$side ${q:-?} us$(awk -v a="$base" -v b="$q" \
+            'BEGIN { if (a > 0 && b > 0) printf " (%.3f)", b / a }')"
+    done
+    notes="queue per launch, median of $LAUNCH_ROUNDS runs: $notes"
+    echo "total $(elapsed "$t0") s"
+    if [ "$bad" = 1 ]; then
+        record g FAIL "a run failed or its output differs; $notes"
+    elif ! grep -q "launch tracking starts paused" "$d/shim-1.log"; then
+        record g FAIL "the shim did not start paused from the profile; $notes"
+    else
+        record g PASS "$notes"
     fi
 }
 
@@ -618,6 +694,7 @@ main() {
     run_step d soak
     run_step e overhead
     run_step f pause
+    run_step g launch
     {
         echo
         echo "================ summary ($(elapsed "$START_S") s) ================"
