@@ -27,6 +27,9 @@
  * and launches that reference the allocation have their pointers redirected to it (launch.h); the
  * stage's end is an eviction without the remaps. A launch that cannot be redirected ends the stage
  * first, so the VA's bytes are the current ones whenever such a launch touches them.
+ * Plain allocations (fs_alloc.plain) are the exception to the first line: made while launch
+ * tracking is paused, they would be frozen on the device anyway, so they get plain device memory
+ * outside the managed space (device.h mem_alloc), never move, and only count against the budget.
  *
  * All state changes happen under one mutex; the launch hot path (launch.c) only reads atomics. */
 #ifndef FS_RESIDENCY_H
