@@ -26,8 +26,9 @@
 # FAKE=1: no GPU; bench.py makes numbers up and nothing is preloaded (tests this script).
 # Prints each run's median step, start-up (time to the first step's end, model build) and output
 # fingerprint (decode: the tokens, prefill: the logits; every run must give the same, else the
-# exit status is 1), then the median of each side's medians and its ratio to noshim's, and each
-# side's median start-up; the results (bench.py JSON) and the shim's logs stay in OUT.
+# exit status is 1), then the median of each side's medians and its ratio to noshim's, each
+# side's median start-up, and each side's steps pooled over its runs (bench/pooled_steps.py,
+# lines starting "pooled:"); the results (bench.py JSON) and the shim's logs stay in OUT.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 : "${PROFILE:?PROFILE=a profile of the workload}" "${OUT:?OUT=a directory}"
@@ -128,7 +129,8 @@ done
 # The summary: each side's name and the name of its files.
 pairs=()
 for side in "${sides[@]}"; do pairs+=("$side" "${side_file[$side]}"); done
-"$PY" - "$OUT" "$ROUNDS" "${pairs[@]}" <<'EOF'
+status=0
+"$PY" - "$OUT" "$ROUNDS" "${pairs[@]}" <<'EOF' || status=$?
 import json, os, statistics, sys
 
 out, rounds = sys.argv[1], int(sys.argv[2])
@@ -197,3 +199,7 @@ per_side("host time to queue a step (median over runs; near the step: host-bound
 per_side("start-up (median time to the first step's end)", ttfs, "s", " ({:.2f} x)")
 sys.exit(0 if len(outputs) <= 1 else 1)
 EOF
+# Every side's steps pooled over its runs (the floor it reaches, steadier than run medians on a
+# host where whole processes run slow).
+"$PY" bench/pooled_steps.py "$OUT" | sed 's/^/pooled: /' || true
+exit "$status"

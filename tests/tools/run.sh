@@ -364,6 +364,7 @@ expect "overhead.sh: the watching side too" "$tmp/o" '^watch [0-9.]+ ms \(median
 expect "overhead.sh: compares the outputs" "$tmp/o" '^outputs identical in all 6 runs$'
 expect "overhead.sh: start-up per side" "$tmp/o" '^start-up \(median time to the first step.s end\): noshim [0-9.]+ s; shim [0-9.]+ s \([0-9.]+ x\); watch'
 expect "overhead.sh: each side's 10th-percentile step" "$tmp/o" '^10th-percentile step \(median over runs\): noshim [0-9.]+ ms; shim [0-9.]+ ms \([0-9.]+\); watch [0-9.]+ ms'
+expect "overhead.sh: each side's pooled steps" "$tmp/o" '^pooled: watch +56 steps: pooled p5 [0-9.]+ \([0-9.]+\)'
 expect "overhead.sh: each side's host time to queue a step" "$tmp/o" '^host time to queue a step \(median over runs; near the step: host-bound\): noshim [0-9.]+ ms; shim [0-9.]+ ms \([0-9.]+\)'
 # bench/pooled_steps.py on that output: every side's pooled percentiles against noshim's.
 python3 bench/pooled_steps.py "$tmp/ovh" shim=plain >"$tmp/o" 2>&1; rc=$?
