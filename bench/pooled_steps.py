@@ -34,9 +34,16 @@ def main(argv):
     sides = {}
     for f in sorted(glob.glob(os.path.join(argv[1], "*.json"))):
         side = os.path.basename(f).rsplit("-", 1)[0]
-        with open(f) as fh:
-            j = json.load(fh)
-        sides.setdefault(side, []).append(j["step_ms"][j["warmup_steps"]:])
+        try:
+            with open(f) as fh:
+                j = json.load(fh)
+            steps = j["step_ms"][j["warmup_steps"]:]
+        except (OSError, ValueError, KeyError, TypeError) as e:
+            # A run that failed leaves no result, or half of one: the others still count.
+            print(f"pooled_steps.py: {f}: skipped, not a bench.py result ({e!r})", file=sys.stderr)
+            continue
+        if steps:
+            sides.setdefault(side, []).append(steps)
     if "noshim" not in sides:
         sys.exit(f"pooled_steps.py: no noshim-*.json in {argv[1]}")
     base = stats(sides["noshim"])

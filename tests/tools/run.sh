@@ -371,6 +371,12 @@ python3 bench/pooled_steps.py "$tmp/ovh" shim=plain >"$tmp/o" 2>&1; rc=$?
 expect_rc "pooled_steps.py exits 0" 0 $rc "$tmp/o"
 expect "pooled_steps.py: noshim against itself" "$tmp/o" '^noshim +56 steps: pooled p5 [0-9.]+ \(1\.000\)'
 expect "pooled_steps.py: a renamed side, every statistic" "$tmp/o" '^plain +56 steps: pooled p5 [0-9.]+ \([0-9.]+\), p10 [0-9.]+ \([0-9.]+\), p25 [0-9.]+ \([0-9.]+\), p50 [0-9.]+ \([0-9.]+\); best run.s p10 [0-9.]+ \([0-9.]+\)$'
+echo '{"step_ms": [1.0], "warmup' >"$tmp/ovh/shim-9.json" # a run cut short
+python3 bench/pooled_steps.py "$tmp/ovh" >"$tmp/o" 2>&1; rc=$?
+expect_rc "pooled_steps.py: a half-written result is skipped" 0 $rc "$tmp/o"
+expect "pooled_steps.py: and named" "$tmp/o" 'shim-9.json: skipped, not a bench.py result'
+expect "pooled_steps.py: the other runs still count" "$tmp/o" '^shim +56 steps: pooled p5'
+rm -f "$tmp/ovh/shim-9.json"
 python3 bench/pooled_steps.py "$tmp/no-such-dir" >"$tmp/o" 2>&1; rc=$?
 expect_rc "pooled_steps.py: no such directory" 1 $rc "$tmp/o"
 FAKE=1 PROFILE="$tmp/prof.json" OUT="$tmp/ovh" ROUNDS=1 SIDES="noshim alt1" ALT_LIBS=/x.so bash bench/overhead.sh >"$tmp/o" 2>&1; rc=$?
