@@ -62,9 +62,9 @@ struct fs_device_ops {
 
     /* Plain device memory of SIZE bytes (cuMemAlloc), outside every reservation, never mapped
      * or unmapped: for allocations that will never move (made while launch tracking is paused),
-     * which then cost the program's kernels nothing that VMM-mapped memory might (an H100 decode
-     * ran 4% faster on plain memory, docs/PERFORMANCE.md, stop 28). mem_free takes what mem_alloc
-     * gave. */
+     * which then cost the program nothing that VMM-mapped memory might (an H100 decode's fastest
+     * steps were 0.7-5% faster on plain memory, docs/PERFORMANCE.md, stop 28). mem_free takes
+     * what mem_alloc gave. */
     int (*mem_alloc)(struct fs_device *dev, uint64_t size, fs_dptr *out);
     int (*mem_free)(struct fs_device *dev, fs_dptr ptr);
 

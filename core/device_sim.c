@@ -756,6 +756,16 @@ static int sim_map(struct fs_device *dev, fs_dptr va, uint64_t size, fs_phys phy
     return sim_end(s, rc);
 }
 
+/* Forget segment I; its memory, no longer mapped there. */
+static struct fs_phys_ *seg_remove(struct sim *s, size_t i)
+{
+    struct fs_phys_ *phys = s->segs[i].phys;
+    phys->refs--;
+    memmove(&s->segs[i], &s->segs[i + 1], (s->nsegs - i - 1) * sizeof(*s->segs));
+    s->nsegs--;
+    return phys;
+}
+
 /* The quiet-range rule: does queued work still touch the range? */
 static bool range_pending(const struct sim *s, fs_dptr va, uint64_t size)
 {
@@ -774,11 +784,11 @@ static int unmap_locked(struct sim *s, fs_dptr va, uint64_t size)
     size_t i = seg_lower_bound(s, va);
     if (i >= s->nsegs || s->segs[i].va != va || s->segs[i].size != size)
         return FS_ERR_INVALID;
+    long r = resv_find(s, va);
+    if (r >= 0 && s->resv[r].plain)
+        return FS_ERR_INVALID; /* mem_free gives it back */
     bool unsafe = range_pending(s, va, size);
-    s->segs[i].phys->refs--;
-    uint64_t cost = s->cfg.unmap_ns_per_gib[s->segs[i].phys->loc];
-    memmove(&s->segs[i], &s->segs[i + 1], (s->nsegs - i - 1) * sizeof(*s->segs));
-    s->nsegs--;
+    uint64_t cost = s->cfg.unmap_ns_per_gib[seg_remove(s, i)->loc];
     s->st.unmaps++;
     host_time(s, size, cost);
     if (unsafe) {
@@ -795,10 +805,9 @@ static int sim_unmap(struct fs_device *dev, fs_dptr va, uint64_t size)
         return FS_ERR_INVALID;
     int rc = sim_begin(s, FS_SIM_OP_UNMAP);
     if (rc == FS_OK) {
-        long r = resv_find(s, va);
         if (s->ncapturing)
             capture_violation(s, "unmap");
-        rc = r >= 0 && s->resv[r].plain ? FS_ERR_INVALID : unmap_locked(s, va, size);
+        rc = unmap_locked(s, va, size);
     }
     return sim_end(s, rc);
 }
@@ -849,12 +858,8 @@ static int sim_mem_free(struct fs_device *dev, fs_dptr ptr)
     if (rc != FS_OK)
         goto out;
     size_t i = seg_lower_bound(s, ptr);
-    struct fs_phys_ *phys = s->segs[i].phys;
     bool unsafe = range_pending(s, ptr, s->segs[i].size);
-    memmove(&s->segs[i], &s->segs[i + 1], (s->nsegs - i - 1) * sizeof(*s->segs));
-    s->nsegs--;
-    phys->refs--;
-    phys_free(s, phys);
+    phys_free(s, seg_remove(s, i));
     resv_remove(s, (size_t)r);
     s->st.plain_allocs--;
     if (unsafe)

@@ -545,8 +545,8 @@ bool fs_engine_started(void)
  * While the plan moves nothing and every allocation is on the device, watching launches only
  * costs time (CUPTI's callbacks, about 0.5 us a launch: a few percent of a launch-bound step), so
  * tracking pauses. A plan from a profile that moves nothing starts paused, the tracker not even
- * set up (tracker_resume sets it up if tracking must resume). Launches the engine does not see may use any allocation that exists, at any
- * time, so every allocation on the device then is frozen (never moved again, residency.h), and
+ * set up (tracker_resume sets it up if tracking must resume). Launches the engine does not see
+ * may use any allocation that exists, at any time, so every allocation on the device then is frozen (never moved again, residency.h), and
  * so is every one placed there while paused. An allocation that does not fit resumes tracking
  * before the program gets it; it, and the ones after it, are managed as usual among themselves.
  *
@@ -674,8 +674,8 @@ int fs_engine_alloc(uint64_t size, int ordinal, uint64_t *ptr_out)
     }
     STAT_ADD(managed_allocs, 1);
     STAT_ADD(managed_bytes, size);
+    const struct fs_alloc *a = fs_res_find(&eng.res, va);
     if (eng.planning) {
-        const struct fs_alloc *a = fs_res_find(&eng.res, va);
         const char *why = NULL;
         fs_rec_note_alloc(&eng.rec, a->id, a->size, a->mapped);
         if (fs_exec_note_alloc(&eng.exec, a->id, a->size, &why) != FS_OK) {
@@ -688,7 +688,7 @@ int fs_engine_alloc(uint64_t size, int ordinal, uint64_t *ptr_out)
     }
     /* Also while a pause is under way on another thread (resume_tracking waits for it). */
     if (FS_UNLIKELY(pause_possible()) &&
-        !fs_res_on_device(fs_res_find(&eng.res, va))) {
+        !fs_res_on_device(a)) {
         char line[96];
         snprintf(line, sizeof(line), "an allocation of %llu bytes does not fit the budget",
                  (unsigned long long)size);

@@ -197,6 +197,14 @@ void fs_phys_pool_add_outside(struct fs_phys_pool *pool, int64_t delta)
     pthread_mutex_unlock(&pool->lock);
 }
 
+uint64_t fs_phys_pool_outside(struct fs_phys_pool *pool)
+{
+    pthread_mutex_lock(&pool->lock);
+    uint64_t v = pool->outside_bytes;
+    pthread_mutex_unlock(&pool->lock);
+    return v;
+}
+
 uint64_t fs_phys_pool_held_peak(struct fs_phys_pool *pool)
 {
     pthread_mutex_lock(&pool->lock);

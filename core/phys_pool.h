@@ -68,6 +68,7 @@ uint64_t fs_phys_pool_held(struct fs_phys_pool *pool);
 /* Memory of the same kind held beside the pool grew (or, negative, shrank) by DELTA bytes: the
  * peak counts it too. */
 void fs_phys_pool_add_outside(struct fs_phys_pool *pool, int64_t delta);
+uint64_t fs_phys_pool_outside(struct fs_phys_pool *pool);
 uint64_t fs_phys_pool_held_peak(struct fs_phys_pool *pool);
 struct fs_pool_counts fs_phys_pool_counts(struct fs_phys_pool *pool);
 

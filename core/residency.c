@@ -266,7 +266,7 @@ static void set_stage(struct fs_residency *res, struct fs_alloc *a, fs_dptr stag
  * held). */
 static uint64_t device_used(struct fs_residency *res)
 {
-    return fs_phys_pool_held(&res->dev_pool) + res->stats.plain_bytes;
+    return fs_phys_pool_held(&res->dev_pool) + fs_phys_pool_outside(&res->dev_pool);
 }
 
 /* Index in plain[] of the first allocation above ADDR (lock held). */
@@ -309,7 +309,6 @@ static int place_plain(struct fs_residency *res, struct fs_alloc *a)
     a->plain = true;
     a->state = FS_RES_DEVICE;
     STAT(res, plain_made, 1);
-    STAT(res, plain_bytes, a->mapped);
     fs_phys_pool_add_outside(&res->dev_pool, (int64_t)a->mapped);
     return FS_OK;
 }
@@ -326,7 +325,6 @@ static int release_plain(struct fs_residency *res, struct fs_alloc *a)
     size_t i = plain_upper(res, a->va) - 1;
     memmove(&res->plain[i], &res->plain[i + 1], (res->nplain - i - 1) * sizeof(*res->plain));
     res->nplain--;
-    STAT(res, plain_bytes, -a->mapped);
     fs_phys_pool_add_outside(&res->dev_pool, -(int64_t)a->mapped);
     STAT(res, allocs_live, -1);
     STAT(res, bytes_live, -a->mapped);
@@ -741,7 +739,7 @@ static bool room_now(struct fs_residency *res, uint64_t need, bool *grow)
 static int make_room(struct fs_residency *res, uint64_t need, struct fs_alloc *const *keep,
                      int nkeep, bool *grow)
 {
-    if (need + res->stats.plain_bytes > res->budget)
+    if (need + fs_phys_pool_outside(&res->dev_pool) > res->budget)
         return FS_ERR_NOMEM; /* evicting others would not help */
     /* Each round returns, releases a cached block or evicts one allocation: bounded. */
     for (int round = 0; round < 4 * res->nallocs + 8; round++) {
@@ -1699,6 +1697,7 @@ void fs_res_get_stats(struct fs_residency *res, struct fs_res_stats *out)
     pthread_mutex_unlock(&res->lock);
     out->device_bytes_held = fs_phys_pool_held(&res->dev_pool);
     out->device_bytes_peak = fs_phys_pool_held_peak(&res->dev_pool);
+    out->plain_bytes = fs_phys_pool_outside(&res->dev_pool);
     out->device_blocks = fs_phys_pool_counts(&res->dev_pool);
     out->host_bytes_held = fs_phys_pool_held(&res->host_pool);
 }

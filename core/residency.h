@@ -127,7 +127,7 @@ struct fs_res_stats {
     uint64_t failures;                /* internal failures that fell back (logged) */
     uint64_t frozen;                  /* allocations never moved again (fs_res_freeze) */
     uint64_t plain_made;  /* allocations given plain device memory (fs_alloc.plain) */
-    uint64_t plain_bytes; /* live plain device memory */
+    uint64_t plain_bytes; /* live plain device memory (the device pool's outside bytes) */
     /* OFFLOAD_MODE=redirect: device copies made and ended, their bytes, launches whose pointers
      * were redirected to them, and stages ended on the program's thread for a launch that could
      * not be redirected (a copy, a memset, an unreadable launch) */
