@@ -38,6 +38,7 @@ import inspect
 import io
 import json
 import os
+import resource
 import statistics
 import sys
 import time
@@ -471,6 +472,13 @@ def note_step_start(res):
     """The step's start on the wall clock (res["step_start_unix"]), to set steps beside samples
     taken outside the process (nvidia-smi's clocks: bench/clock_steps.py)."""
     res.setdefault("step_start_unix", []).append(round(time.time(), 4))
+    res["_queue_start"] = (time.thread_time(), thread_counts())
+
+
+def thread_counts():
+    """This thread's context switches (voluntary, involuntary) and minor page faults so far."""
+    ru = resource.getrusage(resource.RUSAGE_THREAD)
+    return ru.ru_nvcsw, ru.ru_nivcsw, ru.ru_minflt
 
 
 def note_step_queued(res, t0):
@@ -479,6 +487,14 @@ def note_step_queued(res, t0):
     fill; close to it when the host bounds it (or the queue fills). Set beside the step time of
     runs with and without a shim, it says whether the shim's cost is on the host."""
     res.setdefault("queue_ms", []).append(round((time.perf_counter() - t0) * 1000, 3))
+    # The same span on the queueing thread's own clock and counters: CPU time it ran, times it
+    # blocked (voluntary switches), was preempted (involuntary) and faulted. A host cost with the
+    # thread's CPU time up is work done on it; with the wall time alone up, waiting or preemption.
+    cpu0, counts0 = res.pop("_queue_start")
+    res.setdefault("queue_cpu_ms", []).append(round((time.thread_time() - cpu0) * 1000, 3))
+    for key, v0, v1 in zip(("queue_vcsw", "queue_ivcsw", "queue_minflt"), counts0,
+                           thread_counts()):
+        res.setdefault(key, []).append(v1 - v0)
 
 
 def run_prefill(model, args, res, stop):
@@ -732,7 +748,9 @@ def fake_measure(args, res):
                              [c / 2, args.weight_bytes // 20, "model.layers.0.self_attn.o_proj"],
                              [c * 0.9, args.weight_bytes * 9 // 10, "lm_head"]]
     res.update(step_ms=[round(t, 3) for t in times], step_ms_median=round(med, 3),
-               queue_ms=[round(t * 0.9, 3) for t in times], timed_steps=n,
+               queue_ms=[round(t * 0.9, 3) for t in times],
+               queue_cpu_ms=[round(t * 0.8, 3) for t in times], queue_vcsw=[1] * len(times),
+               queue_ivcsw=[0] * len(times), queue_minflt=[2] * len(times), timed_steps=n,
                warmup_steps=args.warmup, build_s=3.0, import_s=4.0,
                ttfs_s=9.0 + (1.5 if args.system in SHIM_SYSTEMS else 0.0),
                weight_checksum=1234.5)

@@ -140,6 +140,10 @@ med = {side: [] for side in sides}
 # ever adds time, so a run's fast steps show the side's own cost more steadily than its median.
 fast = {side: [] for side in sides}
 queue = {side: [] for side in sides}  # each run's median host time to queue a step (bench.py)
+# The queueing thread's own account of that span (bench.py), each run's median: CPU time, then
+# blocks (voluntary context switches), preemptions (involuntary) and minor page faults.
+THREAD_KEYS = ("queue_cpu_ms", "queue_vcsw", "queue_ivcsw", "queue_minflt")
+thread = {key: {side: [] for side in sides} for key in THREAD_KEYS}
 ttfs = {side: [] for side in sides}  # seconds from the process start to the first step's end
 outputs = {}  # output fingerprint (decode: the tokens, prefill: the logits) -> runs giving it
 for r in range(1, rounds + 1):
@@ -162,6 +166,9 @@ for r in range(1, rounds + 1):
         queued = (result.get("queue_ms") or [])[warm:]
         if queued:
             queue[side].append(statistics.median(queued))
+        for key in THREAD_KEYS:
+            if result.get(key):
+                thread[key][side].append(statistics.median(result[key][warm:]))
         if result.get("ttfs_s") is not None:
             ttfs[side].append(result["ttfs_s"])
         if fp is not None:
@@ -196,6 +203,13 @@ def per_side(label, values, unit, ratio):
 per_side("10th-percentile step (median over runs)", fast, "ms", " ({:.3f})")
 per_side("host time to queue a step (median over runs; near the step: host-bound)", queue, "ms",
          " ({:.3f})")
+per_side("the queueing thread's CPU time a step (median over runs; the rest of the host time is "
+         "waiting or preemption)", thread["queue_cpu_ms"], "ms", " ({:.3f})")
+if all(all(thread[key].values()) for key in THREAD_KEYS[1:]):
+    print("the queueing thread a step (median over runs): " + "; ".join(
+        f"{side} " + ", ".join(f"{statistics.median(thread[key][side]):g} {name}" for key, name in
+                               zip(THREAD_KEYS[1:], ("blocks", "preemptions", "minor faults")))
+        for side in sides))
 per_side("start-up (median time to the first step's end)", ttfs, "s", " ({:.2f} x)")
 sys.exit(0 if len(outputs) <= 1 else 1)
 EOF
