@@ -718,7 +718,10 @@ int fs_engine_free(uint64_t ptr)
 
 bool fs_engine_owns(uint64_t ptr, int *ordinal)
 {
-    if (!started() || !fs_res_lookup(&eng.res, ptr))
+    if (!started())
+        return false;
+    STAT_ADD(pointer_queries, 1);
+    if (!fs_res_lookup(&eng.res, ptr))
         return false;
     *ordinal = eng.dev->props.ordinal;
     return true;
@@ -729,6 +732,7 @@ int fs_engine_mem_info(int ordinal, uint64_t *free_bytes, uint64_t *total_bytes)
     if (fs_config_u64(&eng.cfg, FS_P_MEMINFO_VIEW) != 0 || ensure_started(ordinal) != FS_OK ||
         (ordinal >= 0 && ordinal != eng.dev->props.ordinal))
         return FS_ERR_UNSUPPORTED;
+    STAT_ADD(meminfo_queries, 1);
     uint64_t dev_free, dev_total;
     int rc = fs_dev_call(eng.dev, mem_info, &dev_free, &dev_total);
     if (rc != FS_OK)
@@ -930,10 +934,12 @@ void fs_engine_shutdown(void)
     struct fs_engine_stats s;
     fs_engine_get_stats(&s);
     warn_if_nothing_seen(&s);
-    FS_INFO("allocations: %llu managed (%llu bytes), %llu passed through (%llu bytes); %llu frees",
+    FS_INFO("allocations: %llu managed (%llu bytes), %llu passed through (%llu bytes); %llu frees; "
+            "%llu pointer queries, %llu memory-info queries",
             (unsigned long long)s.managed_allocs, (unsigned long long)s.managed_bytes,
             (unsigned long long)s.passthrough_allocs, (unsigned long long)s.passthrough_bytes,
-            (unsigned long long)s.free_calls);
+            (unsigned long long)s.free_calls, (unsigned long long)s.pointer_queries,
+            (unsigned long long)s.meminfo_queries);
     if (!started()) {
         write_timing_report(&s, NULL);
         return;

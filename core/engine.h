@@ -22,6 +22,8 @@ struct fs_engine_stats {
     uint64_t passthrough_allocs; /* handed to CUDA unchanged (small, other device, unmanaged) */
     uint64_t passthrough_bytes;
     uint64_t free_calls;
+    uint64_t pointer_queries;    /* pointer attribute queries asked of the engine */
+    uint64_t meminfo_queries;    /* free/total memory queries asked of the engine */
     uint64_t budget;
     uint64_t tracking_pauses;    /* times launch tracking paused (PAUSE_TRACKING) */
     uint64_t tracking_resumes;   /* and resumed */

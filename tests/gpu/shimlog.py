@@ -1,7 +1,8 @@
 """Reading flexshim's log: the one place that knows the format of its exit summary.
 
 The shim writes, at LOG_LEVEL=info, one line each at exit (core/engine.c):
-  [flexshim PID] info: allocations: N managed (B bytes), N passed through (B bytes); N frees
+  [flexshim PID] info: allocations: N managed (B bytes), N passed through (B bytes); N frees;
+      N pointer queries, N memory-info queries
   [flexshim PID] info: residency: budget ..., device peak ..., pinned host ...; N evictions ...
   [flexshim PID] info: launches: N seen, N referencing managed memory, N unknown ...
 Used by tests/gpu/run.sh (its helpers), tests/gpu/dist_test.py and bench/report.py.

@@ -71,6 +71,7 @@ static void test_small_allocations_pass_through(void **state)
     assert_int_equal(s.managed_allocs, 1);
     assert_int_equal(s.passthrough_allocs, 1);
     assert_int_equal(s.passthrough_bytes, 4 * MIB);
+    assert_int_equal(s.pointer_queries, 2); /* both asked, found or not */
     assert_int_equal(fs_engine_free(p), FS_OK);
     assert_int_equal(fs_engine_free(p), FS_ERR_NOT_FOUND); /* the hook passes it to CUDA */
     stop(dev);
@@ -100,6 +101,7 @@ static void test_mem_info_reports_the_budget(void **state)
     fs_engine_get_stats(&es);
     assert_int_equal(es.res.placed_on_host, 1);
     assert_int_equal(es.res.evictions, 1);
+    assert_int_equal(es.meminfo_queries, 3);
     stop(dev);
 }
 
