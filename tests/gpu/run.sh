@@ -613,8 +613,8 @@ step_g() {
     local sides=(noshim shim off watch) bad=0 notes="" base q
     t0=$(now)
     mkdir -p "$d"
-    echo "building: $NVCC -O2 -arch=sm_90 -cudart shared -o $bin tests/gpu/launch_probe.cu"
-    if ! "$NVCC" -O2 -arch=sm_90 -cudart shared -o "$bin" tests/gpu/launch_probe.cu 2>&1; then
+    echo "building: $NVCC -O2 -arch=sm_90 -cudart shared -o $bin tests/gpu/launch_probe.cu -lcuda"
+    if ! "$NVCC" -O2 -arch=sm_90 -cudart shared -o "$bin" tests/gpu/launch_probe.cu -lcuda 2>&1; then
         record g FAIL "nvcc failed"
         return
     fi
