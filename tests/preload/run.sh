@@ -27,7 +27,7 @@ run_prog() { # run_prog OUTFILE [VAR=VALUE...]
 run_prog "$tmp/basic" FLEXTENSOR_LOG_LEVEL=info; rc=$?
 [ $rc = 0 ] && ok "program runs under the shim" || fail "program runs under the shim" "exit $rc: $(cat "$tmp/basic")"
 expect "calls reach the real runtime" "$tmp/basic" '^runtime saw 4 mallocs, 4 frees$'
-expect "calls reach the shim (exit summary)" "$tmp/basic" '^\[flexshim [0-9]+\] info: allocations: 0 managed \(0 bytes\), 4 passed through \([0-9]+ bytes\); 4 frees$'
+expect "calls reach the shim (exit summary)" "$tmp/basic" '^\[flexshim [0-9]+\] info: allocations: 0 managed \(0 bytes\), 4 passed through \([0-9]+ bytes\); 4 frees; 0 pointer queries, 0 memory-info queries$'
 expect "log level read from the environment" "$tmp/basic" 'info: flexshim loaded \(enabled\)'
 
 run_prog "$tmp/quiet"
