@@ -700,10 +700,10 @@ main() {
         echo "================ summary ($(elapsed "$START_S") s) ================"
         printf '%-4s %-9s %-5s %s\n' step name result notes
         local l r notes name
-        for l in a b c d e f; do
+        for l in a b c d e f g; do
             want "$l" || continue
             case $l in a) name=device ;; b) name=evict ;; c) name=llama ;; d) name=soak ;;
-                e) name=overhead ;; f) name=pause ;; esac
+                e) name=overhead ;; f) name=pause ;; g) name=launch ;; esac
             if [ -f "$RESULTS/$l" ]; then
                 IFS='|' read -r _ r notes <"$RESULTS/$l"
             else
