@@ -468,6 +468,26 @@ def measure_gaps(model, step, res, steps=GAP_STEPS):
     gaps.done(res)
 
 
+def profile_ops(step, steps, res):
+    """STEPS more runs of STEP under torch.profiler, CPU activity only, into res["op_cpu_us"]:
+    for the 60 ops with the most self CPU time, {name: [self CPU us a step, calls a step]}. Set
+    beside another side's (bench/op_profile_diff.py), it says which ops a side makes slower on
+    the host. Run after the timed steps: their times are untouched."""
+    import torch
+    from torch.profiler import ProfilerActivity, profile
+
+    step()  # the profiler's first step pays for its own start
+    torch.cuda.synchronize()
+    with profile(activities=[ProfilerActivity.CPU]) as prof:
+        for _ in range(steps):
+            step()
+        torch.cuda.synchronize()
+    ops = sorted(prof.key_averages(), key=lambda e: e.self_cpu_time_total, reverse=True)[:60]
+    res["op_cpu_us"] = {e.key: [round(e.self_cpu_time_total / steps, 1), round(e.count / steps, 2)]
+                        for e in ops}
+    res["op_profile_steps"] = steps
+
+
 def note_step_start(res):
     """The step's start on the wall clock (res["step_start_unix"]), to set steps beside samples
     taken outside the process (nvidia-smi's clocks: bench/clock_steps.py)."""
@@ -589,15 +609,18 @@ def run_decode(model, args, res, stop):
             if stop(i):
                 print(f"  profile saved at step {stop.seen_at + 1}: stopping", flush=True)
                 break
-        if args.system == "noshim":  # not in the token list: the fingerprint does not see them
-            state = {"cur": cur, "past": past}
+        # Steps after the timed ones, not in the token list (the fingerprint does not see them).
+        state = {"cur": cur, "past": past}
 
-            def gap_step():
-                o = model(input_ids=state["cur"], past_key_values=state["past"], use_cache=True)
-                state["past"] = o.past_key_values
-                state["cur"] = o.logits[:, -1, :].argmax(dim=-1, keepdim=True)
+        def extra_step():
+            o = model(input_ids=state["cur"], past_key_values=state["past"], use_cache=True)
+            state["past"] = o.past_key_values
+            state["cur"] = o.logits[:, -1, :].argmax(dim=-1, keepdim=True)
 
-            measure_gaps(model, gap_step, res)
+        if args.op_profile:
+            profile_ops(extra_step, args.op_profile, res)
+        if args.system == "noshim":
+            measure_gaps(model, extra_step, res)
         tokens = [int(t) for t in torch.cat(toks, dim=1).flatten().cpu().tolist()]
     res["fingerprint"] = {"kind": "tokens", "value": hashlib.sha256(
         json.dumps(tokens).encode()).hexdigest()[:16], "tokens": tokens}
@@ -754,6 +777,11 @@ def fake_measure(args, res):
                warmup_steps=args.warmup, build_s=3.0, import_s=4.0,
                ttfs_s=9.0 + (1.5 if args.system in SHIM_SYSTEMS else 0.0),
                weight_checksum=1234.5)
+    if args.op_profile and args.workload == "decode":  # the shim's sides 10% slower in aten::mm
+        slow = 1.1 if args.system in SHIM_SYSTEMS else 1.0
+        res["op_cpu_us"] = {"aten::mm": [round(3000.0 * slow, 1), 224.0],
+                            "aten::cat": [800.0, 64.0], "cudaLaunchKernel": [4000.0, 1494.0]}
+        res["op_profile_steps"] = args.op_profile
     if args.workload == "prefill":
         res["fingerprint"] = {"kind": "logits-rowsum-sha256", "value": "0123456789abcdef",
                               "stable": True, "distinct": 1}
@@ -964,6 +992,10 @@ def parse_args(argv):
                     help="time step STEP (default 1, the first, with its first-time work) layer "
                     "by layer, on the host and the device; 'all': every step (JSON key "
                     "layers_by_step), to set slow steps beside fast ones")
+    ap.add_argument("--op-profile", type=int, default=0, metavar="STEPS",
+                    help="decode: STEPS more steps after the timed ones under torch.profiler (CPU "
+                    "activity only): each op's self CPU time a step (JSON key op_cpu_us; compare "
+                    "sides with bench/op_profile_diff.py)")
     ap.add_argument("--bw-bytes", type=int, default=GiB)
     ap.add_argument("--bw-reps", type=int, default=5)
     ap.add_argument("--print-budgets", metavar="PCTS", help="print PCT BYTES MIB lines and exit")

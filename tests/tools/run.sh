@@ -388,6 +388,17 @@ FAKE=1 PROFILE="$tmp/prof.json" OUT="$tmp/ovh" ROUNDS=1 SIDES="noshim shim:STRAT
 expect_rc "overhead.sh: a side with settings" 0 $rc "$tmp/o"
 expect "overhead.sh: the side with settings has its ratio" "$tmp/o" '^shim:STRATEGY=greedy,PLAN_HEADROOM=1GiB [0-9.]+ ms \(median of 1 runs\): ratio'
 [ -f "$tmp/ovh/shim_STRATEGY_greedy_PLAN_HEADROOM_1GiB-1.json" ] && ok "overhead.sh: the side's files are named with _" || fail "overhead.sh: the side's files are named with _" "$(ls "$tmp/ovh")"
+rm -rf "$tmp/ovp"
+FAKE=1 PROFILE="$tmp/prof.json" OUT="$tmp/ovp" ROUNDS=2 SIDES="noshim shim" BENCH_ARGS="--op-profile 4" bash bench/overhead.sh >"$tmp/o" 2>&1; rc=$?
+expect_rc "overhead.sh: --op-profile through BENCH_ARGS" 0 $rc "$tmp/o"
+python3 bench/op_profile_diff.py "$tmp/ovp" >"$tmp/o" 2>&1; rc=$?
+expect_rc "op_profile_diff.py exits 0" 0 $rc "$tmp/o"
+expect "op_profile_diff.py: the side's total against noshim's" "$tmp/o" '^shim against noshim \(2 and 2 runs\): 3 ops in both, self CPU a step 8100 us against 7800 us \(\+300 us\)$'
+expect "op_profile_diff.py: the op that differs comes first" "$tmp/o" '^ +\+300\.0 us +3300\.0 against +3000\.0 us a step, 224 against 224 calls +aten::mm$'
+rm -f "$tmp"/ovp/noshim-*.json
+python3 bench/op_profile_diff.py "$tmp/ovp" >"$tmp/o" 2>&1; rc=$?
+expect_rc "op_profile_diff.py without noshim runs exits 1" 1 $rc "$tmp/o"
+expect "op_profile_diff.py: says how to get them" "$tmp/o" 'no noshim run with op_cpu_us in .*--op-profile 8'
 FAKE=1 PROFILE="$tmp/prof.json" OUT="$tmp/ovh" ROUNDS=1 PCT=50 WORKLOAD=prefill SIDES="noshim pipeline shim" \
     BENCH_ARGS="--layer-times 2" bash bench/overhead.sh >"$tmp/o" 2>&1; rc=$?
 expect_rc "overhead.sh: the pipeline as a side" 0 $rc "$tmp/o"
