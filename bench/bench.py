@@ -492,7 +492,7 @@ def note_step_start(res):
     """The step's start on the wall clock (res["step_start_unix"]), to set steps beside samples
     taken outside the process (nvidia-smi's clocks: bench/clock_steps.py)."""
     res.setdefault("step_start_unix", []).append(round(time.time(), 4))
-    res["_queue_start"] = (time.thread_time(), thread_counts())
+    res["_queue_start"] = (time.thread_time(), time.process_time(), thread_counts())
 
 
 def thread_counts():
@@ -510,8 +510,11 @@ def note_step_queued(res, t0):
     # The same span on the queueing thread's own clock and counters: CPU time it ran, times it
     # blocked (voluntary switches), was preempted (involuntary) and faulted. A host cost with the
     # thread's CPU time up is work done on it; with the wall time alone up, waiting or preemption.
-    cpu0, counts0 = res.pop("_queue_start")
+    # The whole process's CPU time too: well above the thread's, another thread is busy beside it
+    # (one spinning on a sibling core slows it without preempting it).
+    cpu0, proc0, counts0 = res.pop("_queue_start")
     res.setdefault("queue_cpu_ms", []).append(round((time.thread_time() - cpu0) * 1000, 3))
+    res.setdefault("queue_proc_cpu_ms", []).append(round((time.process_time() - proc0) * 1000, 3))
     for key, v0, v1 in zip(("queue_vcsw", "queue_ivcsw", "queue_minflt"), counts0,
                            thread_counts()):
         res.setdefault(key, []).append(v1 - v0)
@@ -772,7 +775,8 @@ def fake_measure(args, res):
                              [c * 0.9, args.weight_bytes * 9 // 10, "lm_head"]]
     res.update(step_ms=[round(t, 3) for t in times], step_ms_median=round(med, 3),
                queue_ms=[round(t * 0.9, 3) for t in times],
-               queue_cpu_ms=[round(t * 0.8, 3) for t in times], queue_vcsw=[1] * len(times),
+               queue_cpu_ms=[round(t * 0.8, 3) for t in times],
+               queue_proc_cpu_ms=[round(t * 0.85, 3) for t in times], queue_vcsw=[1] * len(times),
                queue_ivcsw=[0] * len(times), queue_minflt=[2] * len(times), timed_steps=n,
                warmup_steps=args.warmup, build_s=3.0, import_s=4.0,
                ttfs_s=9.0 + (1.5 if args.system in SHIM_SYSTEMS else 0.0),

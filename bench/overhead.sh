@@ -142,7 +142,7 @@ fast = {side: [] for side in sides}
 queue = {side: [] for side in sides}  # each run's median host time to queue a step (bench.py)
 # The queueing thread's own account of that span (bench.py), each run's median: CPU time, then
 # blocks (voluntary context switches), preemptions (involuntary) and minor page faults.
-THREAD_KEYS = ("queue_cpu_ms", "queue_vcsw", "queue_ivcsw", "queue_minflt")
+THREAD_KEYS = ("queue_cpu_ms", "queue_vcsw", "queue_ivcsw", "queue_minflt", "queue_proc_cpu_ms")
 thread = {key: {side: [] for side in sides} for key in THREAD_KEYS}
 ttfs = {side: [] for side in sides}  # seconds from the process start to the first step's end
 outputs = {}  # output fingerprint (decode: the tokens, prefill: the logits) -> runs giving it
@@ -205,10 +205,12 @@ per_side("host time to queue a step (median over runs; near the step: host-bound
          " ({:.3f})")
 per_side("the queueing thread's CPU time a step (median over runs; the rest of the host time is "
          "waiting or preemption)", thread["queue_cpu_ms"], "ms", " ({:.3f})")
-if all(all(thread[key].values()) for key in THREAD_KEYS[1:]):
+per_side("the whole process's CPU time in that span (median over runs; well above the thread's: "
+         "another thread busy beside it)", thread["queue_proc_cpu_ms"], "ms", " ({:.3f})")
+if all(all(thread[key].values()) for key in THREAD_KEYS[1:4]):
     print("the queueing thread a step (median over runs): " + "; ".join(
         f"{side} " + ", ".join(f"{statistics.median(thread[key][side]):g} {name}" for key, name in
-                               zip(THREAD_KEYS[1:], ("blocks", "preemptions", "minor faults")))
+                               zip(THREAD_KEYS[1:4], ("blocks", "preemptions", "minor faults")))
         for side in sides))
 per_side("start-up (median time to the first step's end)", ttfs, "s", " ({:.2f} x)")
 sys.exit(0 if len(outputs) <= 1 else 1)

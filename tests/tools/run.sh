@@ -367,6 +367,7 @@ expect "overhead.sh: each side's 10th-percentile step" "$tmp/o" '^10th-percentil
 expect "overhead.sh: each side's pooled steps" "$tmp/o" '^pooled: watch +56 steps: pooled p5 [0-9.]+ \([0-9.]+\)'
 expect "overhead.sh: each side's host time to queue a step" "$tmp/o" '^host time to queue a step \(median over runs; near the step: host-bound\): noshim [0-9.]+ ms; shim [0-9.]+ ms \([0-9.]+\)'
 expect "overhead.sh: the queueing thread's CPU time per side" "$tmp/o" '^the queueing thread.s CPU time a step \(median over runs; .*\): noshim [0-9.]+ ms; shim [0-9.]+ ms \([0-9.]+\); watch'
+expect "overhead.sh: the process's CPU time per side" "$tmp/o" '^the whole process.s CPU time in that span \(median over runs; .*\): noshim [0-9.]+ ms; shim [0-9.]+ ms \([0-9.]+\); watch'
 expect "overhead.sh: the queueing thread's blocks, preemptions and faults per side" "$tmp/o" '^the queueing thread a step \(median over runs\): noshim 1 blocks, 0 preemptions, 2 minor faults; shim 1 blocks'
 # bench/pooled_steps.py on that output: every side's pooled percentiles against noshim's.
 python3 bench/pooled_steps.py "$tmp/ovh" shim=plain >"$tmp/o" 2>&1; rc=$?
