@@ -490,9 +490,10 @@ def profile_ops(step, steps, res):
 
 def note_step_start(res):
     """The step's start on the wall clock (res["step_start_unix"]), to set steps beside samples
-    taken outside the process (nvidia-smi's clocks: bench/clock_steps.py)."""
+    taken outside the process (nvidia-smi's clocks: bench/clock_steps.py). Returns the thread's
+    and the process's clocks and counters now, for note_step_queued."""
     res.setdefault("step_start_unix", []).append(round(time.time(), 4))
-    res["_queue_start"] = (time.thread_time(), time.process_time(), thread_counts())
+    return time.thread_time(), time.process_time(), thread_counts()
 
 
 def thread_counts():
@@ -501,7 +502,7 @@ def thread_counts():
     return ru.ru_nvcsw, ru.ru_nivcsw, ru.ru_minflt
 
 
-def note_step_queued(res, t0):
+def note_step_queued(res, t0, start):
     """The host's time to queue the step's work (res["queue_ms"]), from T0 to before the
     synchronize: well below the step's time when the GPU bounds it and the launch queue does not
     fill; close to it when the host bounds it (or the queue fills). Set beside the step time of
@@ -512,7 +513,7 @@ def note_step_queued(res, t0):
     # thread's CPU time up is work done on it; with the wall time alone up, waiting or preemption.
     # The whole process's CPU time too: well above the thread's, another thread is busy beside it
     # (one spinning on a sibling core slows it without preempting it).
-    cpu0, proc0, counts0 = res.pop("_queue_start")
+    cpu0, proc0, counts0 = start
     res.setdefault("queue_cpu_ms", []).append(round((time.thread_time() - cpu0) * 1000, 3))
     res.setdefault("queue_proc_cpu_ms", []).append(round((time.process_time() - proc0) * 1000, 3))
     for key, v0, v1 in zip(("queue_vcsw", "queue_ivcsw", "queue_minflt"), counts0,
@@ -532,10 +533,10 @@ def run_prefill(model, args, res, stop):
         for i in range(args.iters):
             torch.cuda.synchronize()
             layers = step_layers(model, args, i + 1)
-            note_step_start(res)
+            start = note_step_start(res)
             t0 = time.perf_counter()
             out = model(input_ids=x, use_cache=False)
-            note_step_queued(res, t0)
+            note_step_queued(res, t0, start)
             torch.cuda.synchronize()
             times.append(time.perf_counter() - t0)
             if layers:
@@ -591,12 +592,12 @@ def run_decode(model, args, res, stop):
             torch.cuda.synchronize()
             if i > 0:
                 layers = step_layers(model, args, i + 1)
-            note_step_start(res)
+            start = note_step_start(res)
             t0 = time.perf_counter()
             out = model(input_ids=cur, past_key_values=past, use_cache=True)
             past = out.past_key_values
             cur = out.logits[:, -1, :].argmax(dim=-1, keepdim=True)
-            note_step_queued(res, t0)
+            note_step_queued(res, t0, start)
             torch.cuda.synchronize()
             times.append(time.perf_counter() - t0)
             toks.append(cur)

@@ -140,9 +140,11 @@ med = {side: [] for side in sides}
 # ever adds time, so a run's fast steps show the side's own cost more steadily than its median.
 fast = {side: [] for side in sides}
 queue = {side: [] for side in sides}  # each run's median host time to queue a step (bench.py)
-# The queueing thread's own account of that span (bench.py), each run's median: CPU time, then
-# blocks (voluntary context switches), preemptions (involuntary) and minor page faults.
-THREAD_KEYS = ("queue_cpu_ms", "queue_vcsw", "queue_ivcsw", "queue_minflt", "queue_proc_cpu_ms")
+# The queueing thread's own account of that span (bench.py), each run's median: its CPU time and
+# the whole process's, then its blocks (voluntary context switches), preemptions (involuntary)
+# and minor page faults.
+COUNTS = (("queue_vcsw", "blocks"), ("queue_ivcsw", "preemptions"), ("queue_minflt", "minor faults"))
+THREAD_KEYS = ("queue_cpu_ms", "queue_proc_cpu_ms") + tuple(key for key, _ in COUNTS)
 thread = {key: {side: [] for side in sides} for key in THREAD_KEYS}
 ttfs = {side: [] for side in sides}  # seconds from the process start to the first step's end
 outputs = {}  # output fingerprint (decode: the tokens, prefill: the logits) -> runs giving it
@@ -207,10 +209,10 @@ per_side("the queueing thread's CPU time a step (median over runs; the rest of t
          "waiting or preemption)", thread["queue_cpu_ms"], "ms", " ({:.3f})")
 per_side("the whole process's CPU time in that span (median over runs; well above the thread's: "
          "another thread busy beside it)", thread["queue_proc_cpu_ms"], "ms", " ({:.3f})")
-if all(all(thread[key].values()) for key in THREAD_KEYS[1:4]):
+if all(all(thread[key].values()) for key, _ in COUNTS):
     print("the queueing thread a step (median over runs): " + "; ".join(
-        f"{side} " + ", ".join(f"{statistics.median(thread[key][side]):g} {name}" for key, name in
-                               zip(THREAD_KEYS[1:4], ("blocks", "preemptions", "minor faults")))
+        f"{side} " + ", ".join(f"{statistics.median(thread[key][side]):g} {name}"
+                               for key, name in COUNTS)
         for side in sides))
 per_side("start-up (median time to the first step's end)", ttfs, "s", " ({:.2f} x)")
 sys.exit(0 if len(outputs) <= 1 else 1)

@@ -546,9 +546,10 @@ bool fs_engine_started(void)
  * costs time (CUPTI's callbacks, about 0.5 us a launch: a few percent of a launch-bound step), so
  * tracking pauses. A plan from a profile that moves nothing starts paused, the tracker not even
  * set up (tracker_resume sets it up if tracking must resume). Launches the engine does not see
- * may use any allocation that exists, at any time, so every allocation on the device then is frozen (never moved again, residency.h), and
- * so is every one placed there while paused. An allocation that does not fit resumes tracking
- * before the program gets it; it, and the ones after it, are managed as usual among themselves.
+ * may use any allocation that exists, at any time, so every allocation on the device then is
+ * frozen (never moved again, residency.h), and so is every one placed there while paused. An
+ * allocation that does not fit resumes tracking before the program gets it; it, and the ones
+ * after it, are managed as usual among themselves.
  *
  * The switch: launches already being tracked must end first (their exit reports would be lost),
  * so PAUSING is set, the tracked launches in flight (OPEN) are waited for, and only then is the

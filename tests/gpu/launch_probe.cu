@@ -17,13 +17,13 @@
 //
 // Eight 16 MiB buffers (above the shim's MIN_OFFLOAD_BYTES, so the shim manages them). Each step
 // queues LAUNCHES launches of a one-thread kernel that adds 1 to word (step % 64) of buffer
-// (launch % 8), the last under another kernel name, then synchronizes: the pause between steps is where the shim's discovery finds
-// the iteration. After WARMUP steps, each step's queueing time (the launch loop) and whole time
-// (with the synchronize) are kept.
+// (launch % 8), the last under another kernel name, then synchronizes: the pause between steps is
+// where the shim's discovery finds the iteration. After WARMUP steps, each step's queueing time
+// (the launch loop) and whole time (with the synchronize) are kept.
 // stdout: one deterministic line (the sum of the counted words; the same with and without the
-// shim). stderr: one line, "launch_probe: N steps of L launches: queue per launch median Q us,
-// p10 Q10 us; step median S ms, p10 S10 ms". Every CUDA call is checked; on an error it prints
-// it and exits 1.
+// shim). stderr: one line, "launch_probe: N steps of L launches (state S): queue per launch
+// median Q us, p10 Q10 us; step median S ms, p10 S10 ms". Every CUDA call is checked; on an
+// error it prints it and exits 1.
 #include <cuda.h>
 #include <cuda_runtime.h>
 #include <pthread.h>
@@ -116,15 +116,22 @@ static void *idle_main(void *arg)
 static const char PTX[] = ".version 7.0\n.target sm_50\n.address_size 64\n"
                           ".visible .entry noop()\n{\n ret;\n}\n";
 
-// The buffers: cudaMalloc, cuMemAlloc (plain) or created and mapped with the VMM API (vmm).
+// Are the buffers the driver's (plain, vmm) rather than the runtime's? Then they are not
+// cudaFree'd: they go with the process.
+static bool driver_buffers(const char *state)
+{
+    return has(state, "plain") || has(state, "vmm");
+}
+
+// The buffers: cudaMalloc, cuMemAlloc (plain) or created and mapped with the VMM API (vmm), in
+// the runtime's context (set_up made it current).
 static void alloc_buffers(const char *state, uint32_t **buf)
 {
-    if (!has(state, "plain") && !has(state, "vmm")) {
+    if (!driver_buffers(state)) {
         for (int b = 0; b < BUFFERS; b++)
             CHECK(cudaMalloc((void **)&buf[b], BUFFER_BYTES));
         return;
     }
-    CHECK(cudaFree(0)); // the runtime's context, current on this thread
     for (int b = 0; b < BUFFERS; b++) {
         CUdeviceptr p;
         if (has(state, "plain")) {
@@ -246,8 +253,8 @@ int main(int argc, char **argv)
                          cudaMemcpyDeviceToHost));
         for (uint32_t w : words)
             sum += w;
-        if (!has(state, "plain") && !has(state, "vmm"))
-            CHECK(cudaFree(buf[b])); // the others go with the process
+        if (!driver_buffers(state))
+            CHECK(cudaFree(buf[b]));
     }
     stop_threads(&threads);
     printf("launch_probe: %d steps of %d launches, sum %llu\n", steps, launches,
@@ -255,7 +262,7 @@ int main(int argc, char **argv)
     fprintf(stderr,
             "launch_probe: %zu steps of %d launches (state %s): queue per launch median %.3f us, "
             "p10 %.3f us; step median %.3f ms, p10 %.3f ms\n",
-            step_ms.size(), launches, state, pct(queue_us, 0.5), pct(queue_us, 0.1), pct(step_ms, 0.5),
-            pct(step_ms, 0.1));
+            step_ms.size(), launches, state, pct(queue_us, 0.5), pct(queue_us, 0.1),
+            pct(step_ms, 0.5), pct(step_ms, 0.1));
     return 0;
 }

@@ -688,22 +688,17 @@ main() {
     if ! preamble 2>&1 | tee "$LOGS/0-preamble.log"; then
         echo "the build bundle is incomplete: every step needs dist/ (make dist)"
     fi
-    run_step a device
-    run_step b evict
-    run_step c llama
-    run_step d soak
-    run_step e overhead
-    run_step f pause
-    run_step g launch
+    # Each step's letter and name, in order: the runs and the summary both follow it.
+    local steps=(a:device b:evict c:llama d:soak e:overhead f:pause g:launch) step
+    for step in "${steps[@]}"; do run_step "${step%%:*}" "${step#*:}"; done
     {
         echo
         echo "================ summary ($(elapsed "$START_S") s) ================"
         printf '%-4s %-9s %-5s %s\n' step name result notes
         local l r notes name
-        for l in a b c d e f g; do
+        for step in "${steps[@]}"; do
+            l=${step%%:*} name=${step#*:}
             want "$l" || continue
-            case $l in a) name=device ;; b) name=evict ;; c) name=llama ;; d) name=soak ;;
-                e) name=overhead ;; f) name=pause ;; g) name=launch ;; esac
             if [ -f "$RESULTS/$l" ]; then
                 IFS='|' read -r _ r notes <"$RESULTS/$l"
             else
