@@ -35,6 +35,7 @@ LIB  := $(BUILD)/libflexshim.so
 CORE_A := $(BUILD)/libflexshim_core.a
 TOOL := $(BUILD)/flexshim-profile
 SIMDEMO := $(BUILD)/flexshim-simdemo
+SAMPLER := $(BUILD)/libfs_sampler.so
 
 .DEFAULT_GOAL := all
 
@@ -92,6 +93,12 @@ $(TOOL): $(TOOL_OBJ) $(CORE_A)
 $(SIMDEMO): $(BUILD)/tools/flexshim-simdemo.o $(CORE_A)
 	$(CC) $(LDFLAGS) -o $@ $< $(CORE_A) $(LDLIBS)
 
+# The benchmark's sampling profiler (bench/sampler.c), preloaded beside the shim: the stack of one
+# thread in the spans the program marks. Not part of the library.
+$(SAMPLER): bench/sampler.c
+	@mkdir -p $(@D)
+	$(CC) $(CFLAGS) -shared -Wl,-z,defs $(LDFLAGS) -o $@ $< -ldl -lrt -pthread
+
 # The main job: on a GPU machine a CUDA program under the shim (tests/gpu/run.sh, step b), else
 # the engine on the simulated device.
 demo: all
@@ -138,9 +145,10 @@ test-valgrind: $(UNIT_BIN)
 	BUILD=$(BUILD) tests/run_unit.sh --valgrind $(UNIT_BIN)
 
 # ---- bundle for the GPU machine and installation -------------------------------------------
-dist: all
+dist: all $(SAMPLER)
 	rm -rf dist && mkdir -p dist/lib dist/bin dist/etc dist/include
 	cp $(LIB) dist/lib/
+	cp $(SAMPLER) dist/lib/
 	cp $(TOOL) $(SIMDEMO) dist/bin/
 	cp conf/flexshim.ini dist/etc/
 	cp shim/flexshim.h dist/include/

@@ -488,12 +488,46 @@ def profile_ops(step, steps, res):
     res["op_profile_steps"] = steps
 
 
-def note_step_start(res):
+class StackSampler:
+    """The queueing thread's stacks in the queueing spans of the steps after the warm-up ones,
+    sampled by bench/sampler.c (libfs_sampler.so, which must be preloaded beside the shim) every
+    INTERVAL_US and written to PATH: where a side's extra host time goes below the ops
+    (bench/sample_report.py). Made on the thread that queues the steps."""
+
+    def __init__(self, path, interval_us, warmup):
+        import ctypes
+        lib = ctypes.CDLL(None)
+        if not hasattr(lib, "fs_sampler_start"):
+            raise RuntimeError("--samples: libfs_sampler.so is not loaded; run with "
+                               "LD_PRELOAD=dist/lib/libfs_sampler.so (make dist builds it)")
+        lib.fs_sampler_write.argtypes = [ctypes.c_char_p]
+        if lib.fs_sampler_start(interval_us) != 0:
+            raise RuntimeError("--samples: fs_sampler_start failed (its reason is on stderr)")
+        self.lib, self.path, self.warmup = lib, path, warmup
+
+    def resume(self, step):
+        if step >= self.warmup:
+            self.lib.fs_sampler_resume()
+
+    def pause(self):
+        self.lib.fs_sampler_pause()
+
+    def write(self, res):
+        if self.lib.fs_sampler_write(self.path.encode()) != 0:
+            raise RuntimeError(f"--samples: writing {self.path} failed (its reason is on stderr)")
+        res["samples_file"] = self.path
+
+
+def note_step_start(res, sampler=None):
     """The step's start on the wall clock (res["step_start_unix"]), to set steps beside samples
     taken outside the process (nvidia-smi's clocks: bench/clock_steps.py). Returns the thread's
-    and the process's clocks and counters now, for note_step_queued."""
+    and the process's clocks and counters now, for note_step_queued; SAMPLER (a StackSampler)
+    samples from here to note_step_queued."""
     res.setdefault("step_start_unix", []).append(round(time.time(), 4))
-    return time.thread_time(), time.process_time(), thread_counts()
+    start = time.thread_time(), time.process_time(), thread_counts()
+    if sampler:
+        sampler.resume(len(res["step_start_unix"]) - 1)
+    return start
 
 
 def thread_counts():
@@ -502,11 +536,13 @@ def thread_counts():
     return ru.ru_nvcsw, ru.ru_nivcsw, ru.ru_minflt
 
 
-def note_step_queued(res, t0, start):
+def note_step_queued(res, t0, start, sampler=None):
     """The host's time to queue the step's work (res["queue_ms"]), from T0 to before the
     synchronize: well below the step's time when the GPU bounds it and the launch queue does not
     fill; close to it when the host bounds it (or the queue fills). Set beside the step time of
     runs with and without a shim, it says whether the shim's cost is on the host."""
+    if sampler:
+        sampler.pause()
     res.setdefault("queue_ms", []).append(round((time.perf_counter() - t0) * 1000, 3))
     # The same span on the queueing thread's own clock and counters: CPU time it ran, times it
     # blocked (voluntary switches), was preempted (involuntary) and faulted. A host cost with the
@@ -533,10 +569,10 @@ def run_prefill(model, args, res, stop):
         for i in range(args.iters):
             torch.cuda.synchronize()
             layers = step_layers(model, args, i + 1)
-            start = note_step_start(res)
+            start = note_step_start(res, args.sampler)
             t0 = time.perf_counter()
             out = model(input_ids=x, use_cache=False)
-            note_step_queued(res, t0, start)
+            note_step_queued(res, t0, start, args.sampler)
             torch.cuda.synchronize()
             times.append(time.perf_counter() - t0)
             if layers:
@@ -592,12 +628,12 @@ def run_decode(model, args, res, stop):
             torch.cuda.synchronize()
             if i > 0:
                 layers = step_layers(model, args, i + 1)
-            start = note_step_start(res)
+            start = note_step_start(res, args.sampler)
             t0 = time.perf_counter()
             out = model(input_ids=cur, past_key_values=past, use_cache=True)
             past = out.past_key_values
             cur = out.logits[:, -1, :].argmax(dim=-1, keepdim=True)
-            note_step_queued(res, t0, start)
+            note_step_queued(res, t0, start, args.sampler)
             torch.cuda.synchronize()
             times.append(time.perf_counter() - t0)
             toks.append(cur)
@@ -727,7 +763,10 @@ def measure(args, res):
 
     stop = StopAfterProfile(2 if args.kind == "record" else None)
     runner = run_prefill if args.workload == "prefill" else run_decode
+    args.sampler = StackSampler(args.samples, args.sample_us, args.warmup) if args.samples else None
     times = runner(model, args, res, stop)
+    if args.sampler:
+        args.sampler.write(res)
     med, n = median_of(times, args.warmup)
     res["step_ms"] = [round(t * 1000, 3) for t in times]
     res["step_ms_median"] = r3(med * 1000) if med is not None else None
@@ -787,6 +826,8 @@ def fake_measure(args, res):
         res["op_cpu_us"] = {"aten::mm": [round(3000.0 * slow, 1), 224.0],
                             "aten::cat": [800.0, 64.0], "cudaLaunchKernel": [4000.0, 1494.0]}
         res["op_profile_steps"] = args.op_profile
+    if args.samples:  # the shim's sides 1 ms more a step in cuLaunchKernel
+        write_fake_samples(args.samples, n, 1000 if args.system in SHIM_SYSTEMS else 0, res)
     if args.workload == "prefill":
         res["fingerprint"] = {"kind": "logits-rowsum-sha256", "value": "0123456789abcdef",
                               "stable": True, "distinct": 1}
@@ -799,6 +840,18 @@ def fake_measure(args, res):
         with open(os.environ["FLEXTENSOR_PROFILE_OUT"], "w") as f:
             f.write("{}\n")
     return 0
+
+
+def write_fake_samples(path, spans, extra_us, res):
+    """--fake --samples: libfs_sampler.so's format, SPANS spans of 500 us samples; 2 ms a span in
+    the interpreter, 4 ms in cuLaunchKernel, and EXTRA_US more there."""
+    launch = (4000 + extra_us) * spans // 500
+    with open(path, "w") as f:
+        f.write(f"# fs_sampler 1\n# interval_us 500\n# spans {spans}\n# samples "
+                f"{launch + 4 * spans}\n# dropped 0\n")
+        f.write(f"python3!main;libcuda.so.1!cuLaunchKernel {launch}\n")
+        f.write(f"python3!main;python3!_PyEval_EvalFrameDefault {4 * spans}\n")
+    res["samples_file"] = path
 
 
 def write_json(path, obj):
@@ -1004,6 +1057,11 @@ def parse_args(argv):
     ap.add_argument("--bw-bytes", type=int, default=GiB)
     ap.add_argument("--bw-reps", type=int, default=5)
     ap.add_argument("--print-budgets", metavar="PCTS", help="print PCT BYTES MIB lines and exit")
+    ap.add_argument("--samples", metavar="FILE",
+                    help="write the queueing thread's stacks in the timed steps' queueing spans "
+                    "to FILE (needs libfs_sampler.so preloaded; bench/sample_report.py)")
+    ap.add_argument("--sample-us", type=int, default=500, metavar="US",
+                    help="--samples: the sampling interval in microseconds")
     ap.add_argument("--fake", action="store_true", help="no GPU: made-up numbers (tests only)")
     ap.add_argument("--fake-sleep", type=float, default=0.0)
     ap.add_argument("--selftest", action="store_true")

@@ -20,6 +20,9 @@
 # of settings; its files are named with _ for : = and ,). ITERS: steps per run. WORKLOAD: decode
 # (the default) or prefill, the same A/B on the compute-bound workload.
 # CPUS: run every side under `taskset -c CPUS` (the step is host-bound: fewer migrations).
+# SAMPLES=1: every side also preloads dist/lib/libfs_sampler.so and samples the queueing thread's
+# stacks in the timed steps' queueing spans (every SAMPLE_US, default 500) into
+# OUT/SIDE-ROUND.samples: `python3 bench/sample_report.py OUT` says where a side's extra time goes.
 # BENCH_ARGS: more bench.py options for every run, e.g. --layer-times (the first step by layer;
 # --layer-times all: every step).
 # PROFILE: a profile of the same model and workload (bench/run.sh leaves one in bench-logs.tar.gz).
@@ -49,14 +52,15 @@ PIN=()
 [ -n "${CPUS:-}" ] && PIN=(taskset -c "$CPUS")
 PY=${PY:-python3}
 SHIM_LIB=$PWD/dist/lib/libflexshim.so
+SAMPLER_LIB=$PWD/dist/lib/libfs_sampler.so
 [ -f "$PROFILE" ] || { echo "overhead.sh: PROFILE=$PROFILE: no such file" >&2; exit 2; }
 # shellcheck source=bench/shim_env.sh
 . bench/shim_env.sh
 ARGS=()
 if [ "${FAKE:-0}" = 1 ]; then
     ARGS=(--fake)
-elif [ ! -f "$SHIM_LIB" ]; then
-    echo "overhead.sh: $SHIM_LIB missing: run make dist" >&2
+elif [ ! -f "$SHIM_LIB" ] || { [ "${SAMPLES:-0}" = 1 ] && [ ! -f "$SAMPLER_LIB" ]; }; then
+    echo "overhead.sh: $SHIM_LIB or $SAMPLER_LIB missing: run make dist" >&2
     exit 2
 fi
 mkdir -p "$OUT"
@@ -119,6 +123,14 @@ for r in $(seq 1 "$ROUNDS"); do
                 FLEXTENSOR_OFFLOAD_MODE=$MODE ${side_env[$side]:-}" # the side's settings last
             system=flexshim_$MODE pct=$PCT
             echo "---- round $r/$ROUNDS: $side ($MODE, ${PCT}% = ${mib} MiB, $LIB, ${side_env[$side]:-})"
+        fi
+        if [ "${SAMPLES:-0}" = 1 ]; then
+            extra+=(--samples "$base.samples" --sample-us "${SAMPLE_US:-500}")
+            # Beside the side's own preload, the shim first (a later LD_PRELOAD= replaces it).
+            [ "${FAKE:-0}" = 1 ] || case $side in
+                noshim | pipeline) envs+=("LD_PRELOAD=$SAMPLER_LIB") ;;
+                *) envs+=("LD_PRELOAD=$LIB:$SAMPLER_LIB") ;;
+                esac
         fi
         "${envs[@]}" "${PIN[@]}" "$PY" bench/bench.py --system "$system" --workload "$WORKLOAD" \
             --model "$MODEL" --budget-pct "$pct" --iters "$ITERS" --result "$base.json" \

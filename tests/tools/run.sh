@@ -369,6 +369,15 @@ expect "overhead.sh: each side's host time to queue a step" "$tmp/o" '^host time
 expect "overhead.sh: the queueing thread's CPU time per side" "$tmp/o" '^the queueing thread.s CPU time a step \(median over runs; .*\): noshim [0-9.]+ ms; shim [0-9.]+ ms \([0-9.]+\); watch'
 expect "overhead.sh: the process's CPU time per side" "$tmp/o" '^the whole process.s CPU time in that span \(median over runs; .*\): noshim [0-9.]+ ms; shim [0-9.]+ ms \([0-9.]+\); watch'
 expect "overhead.sh: the queueing thread's blocks, preemptions and faults per side" "$tmp/o" '^the queueing thread a step \(median over runs\): noshim 1 blocks, 0 preemptions, 2 minor faults; shim 1 blocks'
+# SAMPLES=1: every run writes its samples (made up under FAKE: the shim's sides 1 ms more a step in
+# cuLaunchKernel), and bench/sample_report.py finds that millisecond in them.
+FAKE=1 SAMPLES=1 PROFILE="$tmp/prof.json" OUT="$tmp/ovs" ROUNDS=2 SIDES="noshim shim" bash bench/overhead.sh >"$tmp/o" 2>&1; rc=$?
+expect_rc "overhead.sh SAMPLES=1 FAKE=1 exits 0" 0 $rc "$tmp/o"
+ls "$tmp/ovs" | grep -c '\.samples$' >"$tmp/o"
+expect "overhead.sh SAMPLES=1: one samples file a run" "$tmp/o" '^4$'
+python3 bench/sample_report.py "$tmp/ovs" >"$tmp/o" 2>&1; rc=$?
+expect_rc "sample_report.py on overhead.sh's samples exits 0" 0 $rc "$tmp/o"
+expect "sample_report.py: the shim's extra millisecond a step, in cuLaunchKernel" "$tmp/o" '^ +\+1\.000 +5\.000 +4\.000 .*libcuda\.so\.1!cuLaunchKernel$'
 # bench/pooled_steps.py on that output: every side's pooled percentiles against noshim's.
 python3 bench/pooled_steps.py "$tmp/ovh" shim=plain >"$tmp/o" 2>&1; rc=$?
 expect_rc "pooled_steps.py exits 0" 0 $rc "$tmp/o"
@@ -443,5 +452,7 @@ expect "overhead.sh: names the missing profile" "$tmp/o" "PROFILE=$tmp/none.json
 for py in bench/bench.py bench/report.py bench/trace_summary.py bench/layer_steps.py bench/clock_steps.py; do
     if python3 "$py" --selftest >"$tmp/o" 2>&1; then ok "$py --selftest"; else fail "$py --selftest" "$(tail -5 "$tmp/o")"; fi
 done
+
+. "$PWD/tests/tools/sampler.sh" # bench/sampler.c and bench/sample_report.py
 
 finish
