@@ -280,11 +280,17 @@ static void prepin_offloaded(const struct fs_profile *p)
 /* The budget plans are made for: GPU_MEMORY_LIMIT less PLAN_HEADROOM (the limit itself when the
  * headroom is not less, said once). The default headroom is at most 1/32 of the limit, so a small
  * limit keeps most of its room for the plan. */
-static uint64_t plan_budget(const struct fs_config *cfg, uint64_t budget)
+static uint64_t plan_room(const struct fs_config *cfg, uint64_t budget)
 {
     uint64_t room = fs_config_u64(cfg, FS_P_PLAN_HEADROOM);
     if (cfg->v[FS_P_PLAN_HEADROOM].src == FS_SRC_DEFAULT && room > budget / 32)
         room = budget / 32;
+    return room;
+}
+
+static uint64_t plan_budget(const struct fs_config *cfg, uint64_t budget)
+{
+    uint64_t room = plan_room(cfg, budget);
     if (room < budget)
         return budget - room;
     FS_WARN("%s (%llu MiB) is not less than the budget (%llu MiB); it is ignored (lower it or "
@@ -504,6 +510,20 @@ static void register_atfork(void)
     atfork_rc = pthread_atfork(NULL, NULL, early_start_forked_child);
 }
 
+/* Every allocation of profile P fits the budget at once (on the profile's device): its plan can
+ * offload nothing, so there is nothing to pin early, and the engine starts at the program's first
+ * call. An early start then costs the program: a paused decode step 6% slower with the device
+ * opened and the pinner started from this thread (an H100, docs/PERFORMANCE.md, stop 30). */
+static bool fits_whole(const struct fs_config *cfg, const struct fs_profile *p)
+{
+    uint64_t sum = 0;
+    for (int i = 0; i < p->nallocs; i++)
+        sum += p->allocs[i].mapped;
+    uint64_t budget = fs_config_bytes(cfg, FS_P_GPU_MEMORY_LIMIT, p->device_total);
+    uint64_t room = plan_room(cfg, budget);
+    return sum <= (room < budget ? budget - room : budget);
+}
+
 static void *early_start_main(void *arg)
 {
     (void)arg;
@@ -513,7 +533,7 @@ static void *early_start_main(void *arg)
     char err[512];
     if (fs_profile_load(fs_config_str(cfg, FS_P_PROFILE), &p, err, sizeof(err)) != FS_OK)
         return NULL; /* said when the engine starts and loads it */
-    if (fs_rec_is_this_program(p.program) &&
+    if (fs_rec_is_this_program(p.program) && !fits_whole(cfg, &p) &&
         (eng.dev_injected || cfg->v[FS_P_DEVICE].src != FS_SRC_DEFAULT || one_device_visible())) {
         __atomic_store_n(&eng.early_began, true, __ATOMIC_RELEASE);
         FS_INFO("starting early: the profile is this program's; pinning what its plan offloads");

@@ -132,9 +132,24 @@ static void *pinner_main(void *arg)
     return NULL;
 }
 
+/* Wake the pinner, started now if this is its first work (lock held). Not started before: an idle
+ * pinner thread was measured to slow a paused decode step by 6% (an H100, docs/PERFORMANCE.md,
+ * stop 30), and a plan that moves nothing never needs one. */
+static void wake_pinner(struct fs_residency *res)
+{
+    if (!res->pinner_started && res->background_pinning && !res->pinner_failed) {
+        res->pinner_started = pthread_create(&res->pinner, NULL, pinner_main, res) == 0;
+        res->pinner_failed = !res->pinner_started;
+        if (res->pinner_failed)
+            FS_WARN("cannot start the background pinning thread; host memory is pinned on demand");
+    }
+    if (res->pinner_started)
+        pthread_cond_signal(&res->pinner_wake);
+}
+
 void fs_res_prepin(struct fs_residency *res, const uint64_t *sizes, int n)
 {
-    if (!res->pinner_started || n <= 0)
+    if (!res->background_pinning || n <= 0)
         return;
     uint64_t *copy = malloc((size_t)n * sizeof(*copy));
     if (!copy)
@@ -145,7 +160,7 @@ void fs_res_prepin(struct fs_residency *res, const uint64_t *sizes, int n)
     res->prepin = copy;
     res->nprepin = n;
     res->prepin_next = 0;
-    pthread_cond_signal(&res->pinner_wake);
+    wake_pinner(res);
     pthread_mutex_unlock(&res->lock);
 }
 
@@ -169,8 +184,8 @@ static int host_block_get(struct fs_residency *res, uint64_t size, struct fs_blo
 /* Wake the pinner when the budget leaves allocations without host memory (lock held). */
 static void update_host_target(struct fs_residency *res)
 {
-    if (res->pinner_started && host_deficit(res) > 0)
-        pthread_cond_signal(&res->pinner_wake);
+    if (res->background_pinning && host_deficit(res) > 0)
+        wake_pinner(res);
 }
 
 /* ---- init and teardown ---------------------------------------------------------------------- */
@@ -205,12 +220,7 @@ int fs_res_init(struct fs_residency *res, struct fs_device *dev, const struct fs
         res->fp_parts = NULL;
         FS_INFO("no host memory for fingerprints: every eviction copies its data back to host");
     }
-    if (cfg->background_pinning) {
-        if (pthread_create(&res->pinner, NULL, pinner_main, res) == 0)
-            res->pinner_started = true;
-        else
-            FS_WARN("cannot start the background pinning thread; host memory is pinned on demand");
-    }
+    res->background_pinning = cfg->background_pinning;
     return FS_OK;
 fail_h2d:
     fs_dev_call(dev, stream_destroy, res->h2d);

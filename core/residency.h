@@ -178,7 +178,8 @@ struct fs_residency {
      * thread: the driver makes pinned host memory at about 4 GB/s however many threads ask,
      * tests/gpu/pin_probe.c) */
     pthread_t pinner;
-    bool pinner_started, pinner_stop;
+    bool background_pinning; /* PIN_MODE=background: the pinner starts at the first need */
+    bool pinner_started, pinner_failed, pinner_stop;
     pthread_cond_t pinner_wake;
     uint64_t host_backed_bytes; /* host blocks attached to allocations */
     uint64_t *prepin;           /* sizes of host blocks to pin ahead of any need (a plan's) */

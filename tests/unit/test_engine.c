@@ -735,7 +735,8 @@ static void test_same_program(void **state)
  * its own (fs_engine_start_early), so the plan's host memory is pinned before the program's
  * first allocation; a profile of another program (another command) leaves the start to the first
  * allocation. Either way the allocations the plan offloads start in host memory and the run is
- * exact. */
+ * exact. A budget that holds every allocation of the profile has nothing to pin early: the start
+ * is left to the first allocation too, and nothing goes to host. */
 static void test_early_start(void **state)
 {
     (void)state;
@@ -761,6 +762,13 @@ static void test_early_start(void **state)
         assert_true(st.res.placed_on_host > 0);
         assert_true(st.res.device_bytes_peak <= 64 * MIB);
     }
+    struct fs_engine_stats st;
+    start_early = true;
+    run_logged(path, "FLEXTENSOR_GPU_MEMORY_LIMIT=1GiB", log_path, 8, &st, log, sizeof(log));
+    start_early = false;
+    assert_false(started_early);
+    assert_null(strstr(log, "starting early"));
+    assert_int_equal(st.res.placed_on_host, 0);
     unlink(log_path);
     unlink(other);
     unlink(path);
