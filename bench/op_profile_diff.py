@@ -15,6 +15,8 @@ import re
 import statistics
 import sys
 
+import side_args
+
 
 def load(out):
     """{side: [op_cpu_us of each run]} from DIR's SIDE-ROUND.json files."""
@@ -42,25 +44,17 @@ def medians(runs):
 
 
 def main(argv):
-    top = 15
-    if "--top" in argv:
-        i = argv.index("--top")
-        try:
-            top = int(argv[i + 1])
-        except (IndexError, ValueError):
-            print("op_profile_diff: --top takes a number", file=sys.stderr)
-            return 2
-        del argv[i:i + 2]
-    if not argv or not os.path.isdir(argv[0]):
-        print(__doc__.strip().splitlines()[2].strip(), file=sys.stderr)
+    args = side_args.parse(argv, "op_profile_diff", __doc__.strip().splitlines()[2].strip())
+    if args is None:
         return 2
-    runs = load(argv[0])
+    out, wanted, top = args
+    runs = load(out)
     if "noshim" not in runs:
-        print(f"op_profile_diff: no noshim run with op_cpu_us in {argv[0]} (run overhead.sh "
+        print(f"op_profile_diff: no noshim run with op_cpu_us in {out} (run overhead.sh "
               f"with BENCH_ARGS=\"--op-profile 8\")", file=sys.stderr)
         return 1
     base = medians(runs["noshim"])
-    sides = argv[1:] or [s for s in sorted(runs) if s != "noshim"]
+    sides = wanted or [s for s in sorted(runs) if s != "noshim"]
     for side in sides:
         if side not in runs:
             print(f"{side}: no run with op_cpu_us")

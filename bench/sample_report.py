@@ -24,6 +24,8 @@ import os
 import re
 import sys
 
+import side_args
+
 NAME = "sample_report"
 
 
@@ -185,31 +187,23 @@ def compare(a, b, top):
 
 
 def main(argv):
-    top = 15
-    if "--top" in argv:
-        i = argv.index("--top")
-        try:
-            top = int(argv[i + 1])
-        except (IndexError, ValueError):
-            print(f"{NAME}: --top takes a number", file=sys.stderr)
-            return 2
-        del argv[i:i + 2]
-    if not argv or not os.path.isdir(argv[0]):
-        print("usage: " + __doc__.strip().splitlines()[2].strip(), file=sys.stderr)
+    args = side_args.parse(argv, NAME, __doc__.strip().splitlines()[2].strip())
+    if args is None:
         return 2
-    runs = load(argv[0])
+    out, wanted, top = args
+    runs = load(out)
     if not runs:
-        print(f"{NAME}: no usable SIDE-ROUND.samples file in {argv[0]}", file=sys.stderr)
+        print(f"{NAME}: no usable SIDE-ROUND.samples file in {out}", file=sys.stderr)
         return 2
-    wanted = argv[1:] or sorted(runs)
+    wanted = wanted or sorted(runs)
     for side in wanted:
         if side not in runs:
-            print(f"{NAME}: {side}: no usable run in {argv[0]}", file=sys.stderr)
+            print(f"{NAME}: {side}: no usable run in {out}", file=sys.stderr)
     present = [s for s in wanted if s in runs]
     base = "noshim" if "noshim" in runs else (present[0] if present else None)
     others = [s for s in present if s != base]
     if not others:
-        print(f"{NAME}: {argv[0]}: no side to set beside {base} (sides: {' '.join(sorted(runs))})",
+        print(f"{NAME}: {out}: no side to set beside {base} (sides: {' '.join(sorted(runs))})",
               file=sys.stderr)
         return 1
     b = Side(base, runs[base])
