@@ -436,6 +436,15 @@ expect_rc "device_ab.sh FAKE=1 exits 0" 0 $rc "$tmp/o"
 tar xzf "$tmp/dab/ab1.tgz" -C "$tmp/dab" 2>"$tmp/e" && [ ! -e "$tmp/dab/ab1/profile.json" ] &&
     ok "device_ab.sh: one archive, without the unpacked profile" || fail "device_ab.sh: one archive, without the unpacked profile" "$(cat "$tmp/e")"
 expect "device_ab.sh: the archive holds overhead.sh's summary" "$tmp/dab/ab1/overhead.txt" '^shim [0-9.]+ ms \(median of 1 runs\): ratio [0-9.]+'
+# TIME_LIMIT stops overhead.sh (8 fake runs of more than 1 s each, a limit of 6 s) and still packs
+# the runs it finished.
+FAKE=1 NAME=ab2 TIME_LIMIT=6 BENCH_ARGS="--fake-sleep 1" PROFILE="$tmp/prof.json" OUT="$tmp/dab" ROUNDS=4 SIDES="noshim shim" bash bench/device_ab.sh >"$tmp/o" 2>&1; rc=$?
+expect_rc "device_ab.sh: TIME_LIMIT passes overhead.sh's timeout on" 124 $rc "$tmp/o"
+tar tzf "$tmp/dab/ab2.tgz" >"$tmp/e" 2>&1
+expect "device_ab.sh: TIME_LIMIT still packs the runs finished" "$tmp/e" '^ab2/noshim-1\.json$'
+FAKE=1 NAME=ab3 TIME_LIMIT=5m PROFILE="$tmp/prof.json" OUT="$tmp/dab" bash bench/device_ab.sh >"$tmp/o" 2>&1; rc=$?
+expect_rc "device_ab.sh: a TIME_LIMIT that is not seconds exits 2" 2 $rc "$tmp/o"
+expect "device_ab.sh: and says so" "$tmp/o" 'TIME_LIMIT=5m: seconds'
 FAKE=1 NAME="a b" PROFILE="$tmp/prof.json" OUT="$tmp/dab" bash bench/device_ab.sh >"$tmp/o" 2>&1; rc=$?
 expect_rc "device_ab.sh: a NAME the device tool cannot bring back exits 2" 2 $rc "$tmp/o"
 FAKE=1 PROFILE="$tmp/prof.json" OUT="$tmp/ovh" WORKLOAD=train bash bench/overhead.sh >"$tmp/o" 2>&1; rc=$?
