@@ -557,7 +557,7 @@ def note_step_queued(res, t0, start, sampler=None):
         res.setdefault(key, []).append(v1 - v0)
 
 
-def run_prefill(model, args, res, stop):
+def run_prefill(model, args, res, stop, sampler):
     import torch
 
     gen = torch.Generator(device="cpu").manual_seed(args.seed + 1)
@@ -569,10 +569,10 @@ def run_prefill(model, args, res, stop):
         for i in range(args.iters):
             torch.cuda.synchronize()
             layers = step_layers(model, args, i + 1)
-            start = note_step_start(res, args.sampler)
+            start = note_step_start(res, sampler)
             t0 = time.perf_counter()
             out = model(input_ids=x, use_cache=False)
-            note_step_queued(res, t0, start, args.sampler)
+            note_step_queued(res, t0, start, sampler)
             torch.cuda.synchronize()
             times.append(time.perf_counter() - t0)
             if layers:
@@ -599,7 +599,7 @@ def run_prefill(model, args, res, stop):
     return times
 
 
-def run_decode(model, args, res, stop):
+def run_decode(model, args, res, stop, sampler):
     import torch
 
     # PyTorch's cuDNN attention builds a new cuDNN graph for every new KV length, so each decode
@@ -628,12 +628,12 @@ def run_decode(model, args, res, stop):
             torch.cuda.synchronize()
             if i > 0:
                 layers = step_layers(model, args, i + 1)
-            start = note_step_start(res, args.sampler)
+            start = note_step_start(res, sampler)
             t0 = time.perf_counter()
             out = model(input_ids=cur, past_key_values=past, use_cache=True)
             past = out.past_key_values
             cur = out.logits[:, -1, :].argmax(dim=-1, keepdim=True)
-            note_step_queued(res, t0, start, args.sampler)
+            note_step_queued(res, t0, start, sampler)
             torch.cuda.synchronize()
             times.append(time.perf_counter() - t0)
             toks.append(cur)
@@ -763,10 +763,10 @@ def measure(args, res):
 
     stop = StopAfterProfile(2 if args.kind == "record" else None)
     runner = run_prefill if args.workload == "prefill" else run_decode
-    args.sampler = StackSampler(args.samples, args.sample_us, args.warmup) if args.samples else None
-    times = runner(model, args, res, stop)
-    if args.sampler:
-        args.sampler.write(res)
+    sampler = StackSampler(args.samples, args.sample_us, args.warmup) if args.samples else None
+    times = runner(model, args, res, stop, sampler)
+    if sampler:
+        sampler.write(res)
     med, n = median_of(times, args.warmup)
     res["step_ms"] = [round(t * 1000, 3) for t in times]
     res["step_ms_median"] = r3(med * 1000) if med is not None else None

@@ -83,6 +83,7 @@ enum {
     DEFAULT_BUFFER_MB = 64,
 };
 #define TRUNCATED_BIT ((uintptr_t)1 << 16) /* in a sample's first word, beside its frame count */
+#define FRAME_COUNT(word) ((uint32_t)((word) & (TRUNCATED_BIT - 1)))
 
 static struct {
     int started;
@@ -548,9 +549,9 @@ int fs_sampler_write(const char *path)
     unsigned long dropped = atomic_load(&g.dropped);
 
     size_t nsamples = 0, nframes = 0;
-    for (size_t at = 0; at < used; at += 1 + (g.buf[at] & 0xffff)) {
+    for (size_t at = 0; at < used; at += 1 + FRAME_COUNT(g.buf[at])) {
         nsamples++;
-        nframes += g.buf[at] & 0xffff;
+        nframes += FRAME_COUNT(g.buf[at]);
     }
     if (nsamples > UINT32_MAX) {
         fprintf(stderr, "fs_sampler_write: %zu samples: too many\n", nsamples);
@@ -577,8 +578,8 @@ int fs_sampler_write(const char *path)
 
     /* Every frame's address: the leaf's as interrupted, the others' (return addresses) less 1. */
     size_t s = 0, k = 0;
-    for (size_t at = 0; at < used; at += 1 + (g.buf[at] & 0xffff), s++) {
-        uint32_t n = (uint32_t)(g.buf[at] & 0xffff);
+    for (size_t at = 0; at < used; at += 1 + FRAME_COUNT(g.buf[at]), s++) {
+        uint32_t n = FRAME_COUNT(g.buf[at]);
         off[s] = k;
         len[s] = n;
         for (uint32_t j = 0; j < n; j++)

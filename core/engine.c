@@ -278,31 +278,26 @@ static void prepin_offloaded(const struct fs_profile *p)
 }
 
 /* The budget plans are made for: GPU_MEMORY_LIMIT less PLAN_HEADROOM (the limit itself when the
- * headroom is not less, said once). The default headroom is at most 1/32 of the limit, so a small
- * limit keeps most of its room for the plan. */
-static uint64_t plan_room(const struct fs_config *cfg, uint64_t budget)
+ * headroom is not less, said when SAY). The default headroom is at most 1/32 of the limit, so a
+ * small limit keeps most of its room for the plan. */
+static uint64_t plan_budget(const struct fs_config *cfg, uint64_t budget, bool say)
 {
     uint64_t room = fs_config_u64(cfg, FS_P_PLAN_HEADROOM);
     if (cfg->v[FS_P_PLAN_HEADROOM].src == FS_SRC_DEFAULT && room > budget / 32)
         room = budget / 32;
-    return room;
-}
-
-static uint64_t plan_budget(const struct fs_config *cfg, uint64_t budget)
-{
-    uint64_t room = plan_room(cfg, budget);
     if (room < budget)
         return budget - room;
-    FS_WARN("%s (%llu MiB) is not less than the budget (%llu MiB); it is ignored (lower it or "
-            "raise %s)", fs_param_defs[FS_P_PLAN_HEADROOM].env_name,
-            (unsigned long long)(room >> 20), (unsigned long long)(budget >> 20),
-            fs_param_defs[FS_P_GPU_MEMORY_LIMIT].env_name);
+    if (say)
+        FS_WARN("%s (%llu MiB) is not less than the budget (%llu MiB); it is ignored (lower it or "
+                "raise %s)", fs_param_defs[FS_P_PLAN_HEADROOM].env_name,
+                (unsigned long long)(room >> 20), (unsigned long long)(budget >> 20),
+                fs_param_defs[FS_P_GPU_MEMORY_LIMIT].env_name);
     return budget;
 }
 
 static int start_planning(const struct fs_config *cfg, uint64_t limit, struct fs_profile *loaded)
 {
-    uint64_t budget = plan_budget(cfg, limit);
+    uint64_t budget = plan_budget(cfg, limit, true);
     const char *in = fs_config_str(cfg, FS_P_PROFILE), *out = fs_config_str(cfg, FS_P_PROFILE_OUT);
     if (!in[0] && !out[0])
         return FS_OK;
@@ -516,12 +511,8 @@ static void register_atfork(void)
  * opened and the pinner started from this thread (an H100, docs/PERFORMANCE.md, stop 30). */
 static bool fits_whole(const struct fs_config *cfg, const struct fs_profile *p)
 {
-    uint64_t sum = 0;
-    for (int i = 0; i < p->nallocs; i++)
-        sum += p->allocs[i].mapped;
-    uint64_t budget = fs_config_bytes(cfg, FS_P_GPU_MEMORY_LIMIT, p->device_total);
-    uint64_t room = plan_room(cfg, budget);
-    return sum <= (room < budget ? budget - room : budget);
+    uint64_t limit = fs_config_bytes(cfg, FS_P_GPU_MEMORY_LIMIT, p->device_total);
+    return fs_profile_total_mapped(p) <= plan_budget(cfg, limit, false);
 }
 
 static void *early_start_main(void *arg)

@@ -20,6 +20,14 @@ void fs_profile_count_uses(const struct fs_profile *p, uint64_t *uses)
             uses[p->refs[p->launches[l].ref_start + r]]++;
 }
 
+uint64_t fs_profile_total_mapped(const struct fs_profile *p)
+{
+    uint64_t t = 0;
+    for (int a = 0; a < p->nallocs; a++)
+        t += p->allocs[a].mapped;
+    return t;
+}
+
 void fs_profile_free(struct fs_profile *p)
 {
     if (!p)

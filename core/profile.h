@@ -112,6 +112,9 @@ void fs_plan_free(struct fs_plan *plan);
  * allocation a. */
 void fs_profile_count_uses(const struct fs_profile *p, uint64_t *uses);
 
+/* The mapped bytes of all of P's allocations together. */
+uint64_t fs_profile_total_mapped(const struct fs_profile *p);
+
 /* Save P as JSON (jansson) to PATH atomically (a temporary file in the same directory, then
  * rename). On failure writes one line to ERR saying what went wrong and returns FS_ERR_IO. */
 int fs_profile_save(const char *path, const struct fs_profile *p, char *err, size_t errlen);

@@ -389,14 +389,6 @@ static double compute_us(const struct fs_profile *p)
     return c;
 }
 
-static uint64_t total_mapped(const struct fs_profile *p)
-{
-    uint64_t t = 0;
-    for (int a = 0; a < p->nallocs; a++)
-        t += p->allocs[a].mapped;
-    return t;
-}
-
 /* The smallest budget any plan fits: the most bytes of allocations whose use range spans one
  * launch (every window contains its use range). *AT receives that launch (-1: none). */
 static uint64_t min_budget(const struct fs_profile *p, int *at)
@@ -622,7 +614,7 @@ static int check_run(int argc, char **argv)
         return rc;
     char line[512], sz[SIZE_TEXT_MAX], why[512];
     snprintf(line, sizeof(line), "%d allocations (%.1f MiB), %d launches per iteration",
-             p.nallocs, mib(total_mapped(&p)), p.nlaunches);
+             p.nallocs, mib(fs_profile_total_mapped(&p)), p.nlaunches);
     if (!has_plan(&p)) {
         printf("%s: profile OK: %s, no plan\n", a.file, line);
         fs_profile_free(&p);
@@ -778,7 +770,7 @@ static int show_run(int argc, char **argv)
         printf("link      not measured: the model assumes %.1f GB/s\n", h2d_gbps(&p));
     printf("iteration %d launches, %.3f ms of compute; %d allocations, %.1f MiB on the device "
            "(%.1f MiB used by launches)\n",
-           p.nlaunches, ms(compute), p.nallocs, mib(total_mapped(&p)), mib(managed_bytes(&p)));
+           p.nlaunches, ms(compute), p.nallocs, mib(fs_profile_total_mapped(&p)), mib(managed_bytes(&p)));
     double host = 0;
     for (int i = 0; i < p.nlaunches; i++)
         host += p.launches[i].host_us;
