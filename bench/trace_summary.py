@@ -4,7 +4,10 @@
   python3 bench/trace_summary.py TRACE.json [--last N]
         per step (from one "iteration" mark to the next; the last N steps, default 8, and their
         median): the step's host time, and for each lane (program, mover, finishers) the time
-        spent in each kind of span and how many there were; the most slots busy at once
+        spent in each kind of span and how many there were; the most slots busy at once; the
+        bytes prefetched and the time at least one prefetch was in flight on a slot (from its
+        begin to its finish), whose ratio is a lower bound on what the link delivered: below the
+        run's W, the copies themselves ran slow (stop 31: 50 GB/s against a W of 53.5)
   python3 bench/trace_summary.py TRACE.json --link-gbps W
         also the host-to-device link as the trace implies it: each prefetch's copy (bytes / W,
         W in GB/s, e.g. the run's measured W) starts when it was begun or when the copy before
@@ -47,19 +50,34 @@ def load(path):
     return lanes, spans, marks
 
 
+def covered_ms(intervals):
+    """Milliseconds covered by the union of INTERVALS (microsecond pairs)."""
+    total, end = 0.0, None
+    for a, b in sorted(intervals):
+        if end is None or a > end:
+            total, end = total + b - a, b
+        elif b > end:
+            total, end = total + b - end, b
+    return total / 1e3
+
+
 def steps(lanes, spans, marks, last):
-    """One dict per step: ms, per (lane, kind) [total ms, count], most slots busy."""
+    """One dict per step: ms, per (lane, kind) [total ms, count], most slots busy, bytes
+    prefetched and ms with a prefetch in flight on a slot."""
     out = []
     bounds = list(zip(marks, marks[1:]))[-last:] if last > 0 else []
     for t0, t1 in bounds:
-        use, events = {}, []
-        for s0, s1, tid, kind, _, _ in spans:
+        use, events, prefetches, pf_bytes = {}, [], [], 0
+        for s0, s1, tid, kind, _, nbytes in spans:
             if s0 < t0 or s0 >= t1:
                 continue
             name = lanes.get(tid, str(tid))
             if name.startswith("slot "):
                 events += [(s0, 1), (s1, -1)]
                 name = "slots"
+                if kind == "prefetch":
+                    prefetches.append((s0, s1))
+                    pf_bytes += nbytes
             acc = use.setdefault((name, kind), [0.0, 0])
             acc[0] += (s1 - s0) / 1e3
             acc[1] += 1
@@ -67,7 +85,8 @@ def steps(lanes, spans, marks, last):
         for _, d in sorted(events):
             busy += d
             most = max(most, busy)
-        out.append({"ms": (t1 - t0) / 1e3, "use": use, "slots_max": most})
+        out.append({"ms": (t1 - t0) / 1e3, "use": use, "slots_max": most,
+                    "pf_bytes": pf_bytes, "pf_busy_ms": covered_ms(prefetches)})
     return out
 
 
@@ -120,6 +139,12 @@ def report(path, last, out=sys.stdout, gbps=None):
     print("step ms: " + " ".join(f"{s['ms']:.1f}" for s in st) +
           f"  (median {statistics.median(s['ms'] for s in st):.1f})", file=out)
     print("most slots busy at once: " + " ".join(str(s["slots_max"]) for s in st), file=out)
+    pf_gb = statistics.median(s["pf_bytes"] for s in st) / 1e9
+    pf_ms = statistics.median(s["pf_busy_ms"] for s in st)
+    if pf_ms > 0:
+        print(f"prefetched {pf_gb:.2f} GB a step with a prefetch in flight {pf_ms:.1f} ms of it: "
+              f"the link delivered at least {pf_gb / pf_ms * 1e3:.1f} GB/s (medians over steps)",
+              file=out)
     keys = sorted({k for s in st for k in s["use"]})
     print(f"{'lane':<20} {'span':<16} {'ms/step':>9} {'count/step':>11}  (median over steps)",
           file=out)
@@ -179,6 +204,10 @@ def selftest():
         fails.append(f"late wait {[s['use'].get(('program', 'late wait')) for s in st]}")
     if [s["slots_max"] for s in st] != [2, 2] or ("slots", "prefetch") not in st[0]["use"]:
         fails.append("slots")
+    if [(s["pf_bytes"], s["pf_busy_ms"]) for s in st] != [(55_000_000, 5.0)] * 2:
+        fails.append(f"prefetched {[(s['pf_bytes'], s['pf_busy_ms']) for s in st]}")
+    if covered_ms([(0, 1000), (500, 2000), (3000, 3500), (3100, 3200)]) != 2.5:
+        fails.append("covered_ms")
     lk = link(lanes, spans, marks, 2, 55.0)
     want = [{"idle_ms": 99.0, "gaps": 2, "idle_held_ms": 0.3, "held_evict_ms": 0.3,
              "held_prefetch_ms": 0.0}] * 2
@@ -186,7 +215,9 @@ def selftest():
         fails.append(f"link {lk}")
     buf = io.StringIO()
     if report(path, 2, buf, 55.0) != 0 or "late wait" not in buf.getvalue() or \
-            "idle 99.0 ms in 2 gaps" not in buf.getvalue():
+            "idle 99.0 ms in 2 gaps" not in buf.getvalue() or \
+            "prefetched 0.06 GB a step with a prefetch in flight 5.0 ms of it: the link delivered " \
+            "at least 11.0 GB/s" not in buf.getvalue():
         fails.append("report")
     os.unlink(path)
     print(f"trace_summary.py selftest: {'PASS' if not fails else 'FAIL: ' + ', '.join(fails)}")
