@@ -11,19 +11,15 @@
 #       [overhead.sh's settings: WORKLOAD PCT ITERS ROUNDS SIDES ALT_LIBS CPUS BENCH_ARGS ...] \
 #       bash bench/device_ab.sh
 #
-# PROFILE may be gzipped. GBPS: the link for trace_summary.py --link-gbps. TIME_LIMIT: stop
-# overhead.sh after S seconds (exit 124); what it finished is still packed. Never wrap this script
-# in `timeout` instead: that kills the packing too, and nothing comes back. Without nvidia-smi
-# (FAKE=1 runs) no clocks are sampled. Exits with overhead.sh's status.
+# PROFILE may be gzipped. GBPS: the link for trace_summary.py --link-gbps. TIME_LIMIT=S goes to
+# overhead.sh: its runs keep to S seconds (exit 124 when that cut them short), then its summary,
+# and the runs it finished are packed. Never wrap this script in `timeout` instead: that kills
+# the packing too, and nothing comes back. Without nvidia-smi (FAKE=1 runs) no clocks are
+# sampled. Exits with overhead.sh's status.
 set -uo pipefail
 cd "$(dirname "$0")/.."
 : "${NAME:?NAME=a name for this call s files}" "${PROFILE:?PROFILE=a profile}" "${OUT:?OUT=a directory}"
 [[ $NAME =~ ^[A-Za-z0-9_.-]+$ ]] || { echo "device_ab.sh: NAME=$NAME: letters, digits, . _ - only" >&2; exit 2; }
-limit=()
-if [ -n "${TIME_LIMIT:-}" ]; then
-    [[ $TIME_LIMIT =~ ^[1-9][0-9]*$ ]] || { echo "device_ab.sh: TIME_LIMIT=$TIME_LIMIT: seconds, a whole number" >&2; exit 2; }
-    limit=(timeout "$TIME_LIMIT")
-fi
 d=$OUT/$NAME
 mkdir -p "$d"
 prof=$PROFILE
@@ -39,7 +35,7 @@ if command -v nvidia-smi >/dev/null; then
     smi=$!
 fi
 [ "${TRACE:-0}" = 1 ] && export FLEXTENSOR_TRACE_OUT=$d/trace-{pid}.json
-PROFILE=$prof OUT=$d "${limit[@]}" bash bench/overhead.sh 2>&1 | tee "$d/overhead.txt"
+PROFILE=$prof OUT=$d bash bench/overhead.sh 2>&1 | tee "$d/overhead.txt"
 rc=${PIPESTATUS[0]}
 if [ -n "$smi" ]; then
     kill "$smi"

@@ -27,6 +27,10 @@
 # --layer-times all: every step).
 # PROFILE: a profile of the same model and workload (bench/run.sh leaves one in bench-logs.tar.gz).
 # FAKE=1: no GPU; bench.py makes numbers up and nothing is preloaded (tests this script).
+# TIME_LIMIT=S: the runs keep to S seconds: a run starts only while the longest run so far fits
+# in what is left, one still going at S is stopped, and the summary covers the runs that
+# finished (exit status 124 then, unless the outputs differ). Use it, not `timeout` around this
+# script, on the GPU machine: a timeout loses the summary (stop 31's first call).
 # Prints each run's median step, start-up (time to the first step's end, model build) and output
 # fingerprint (decode: the tokens, prefill: the logits; every run must give the same, else the
 # exit status is 1), then the median of each side's medians and its ratio to noshim's, each
@@ -50,6 +54,10 @@ decode | prefill) ;;
 esac
 PIN=()
 [ -n "${CPUS:-}" ] && PIN=(taskset -c "$CPUS")
+if [ -n "${TIME_LIMIT:-}" ] && ! [[ $TIME_LIMIT =~ ^[1-9][0-9]*$ ]]; then
+    echo "overhead.sh: TIME_LIMIT=$TIME_LIMIT: seconds, a whole number (e.g. TIME_LIMIT=280)" >&2
+    exit 2
+fi
 PY=${PY:-python3}
 SHIM_LIB=$PWD/dist/lib/libflexshim.so
 SAMPLER_LIB=$PWD/dist/lib/libfs_sampler.so
@@ -104,9 +112,22 @@ case " ${sides[*]} " in *" pipeline "*"noshim "*)
     exit 2 ;;
 esac
 
+longest=0 cut=0 # the longest run so far (s); 1 once TIME_LIMIT stopped the runs
+SECONDS=0
 for r in $(seq 1 "$ROUNDS"); do
     for side in "${sides[@]}"; do
         base=$OUT/${side_file[$side]}-$r
+        limit=()
+        if [ -n "${TIME_LIMIT:-}" ]; then
+            left=$((TIME_LIMIT - SECONDS))
+            if ((left <= 0 || left < longest)); then
+                echo "---- TIME_LIMIT=$TIME_LIMIT: round $r's $side not started ($left s left, a" \
+                    "run has taken up to $longest s); the summary covers the runs that finished"
+                cut=1
+                break 2
+            fi
+            limit=(timeout "$left")
+        fi
         extra=()
         if [ "$side" = noshim ]; then
             envs=(env) system=noshim pct=100
@@ -132,9 +153,20 @@ for r in $(seq 1 "$ROUNDS"); do
                 *) envs+=("LD_PRELOAD=$LIB:$SAMPLER_LIB") ;;
                 esac
         fi
-        "${envs[@]}" "${PIN[@]}" "$PY" bench/bench.py --system "$system" --workload "$WORKLOAD" \
-            --model "$MODEL" --budget-pct "$pct" --iters "$ITERS" --result "$base.json" \
-            "${extra[@]}" "${ARGS[@]}" "${BENCH_ARGS[@]}" >"$base.out" 2>&1 || tail -5 "$base.out"
+        t0=$SECONDS rc=0
+        "${limit[@]}" "${envs[@]}" "${PIN[@]}" "$PY" bench/bench.py --system "$system" \
+            --workload "$WORKLOAD" --model "$MODEL" --budget-pct "$pct" --iters "$ITERS" \
+            --result "$base.json" "${extra[@]}" "${ARGS[@]}" "${BENCH_ARGS[@]}" >"$base.out" 2>&1 ||
+            rc=$?
+        ((SECONDS - t0 > longest)) && longest=$((SECONDS - t0))
+        if [ ${#limit[@]} -gt 0 ] && [ "$rc" = 124 ]; then
+            echo "---- TIME_LIMIT=$TIME_LIMIT: round $r's $side stopped at the limit; the summary" \
+                "covers the runs that finished"
+            rm -f "$base.json"
+            cut=1
+            break 2
+        fi
+        [ "$rc" = 0 ] || tail -5 "$base.out"
     done
 done
 
@@ -163,6 +195,9 @@ outputs = {}  # output fingerprint (decode: the tokens, prefill: the logits) -> 
 for r in range(1, rounds + 1):
     for side in sides:
         path = os.path.join(out, f"{files[side]}-{r}.json")
+        if not os.path.exists(path):
+            print(f"round {r} {side:6s} no result")
+            continue
         try:
             result = json.load(open(path))
         except (OSError, ValueError):
@@ -189,11 +224,11 @@ for r in range(1, rounds + 1):
             outputs.setdefault(fp, []).append(f"{side}-{r}")
 if len(outputs) == 1:
     print(f"outputs identical in all {sum(len(v) for v in outputs.values())} runs")
-else:
+elif outputs:
     print("OUTPUTS DIFFER: " + "; ".join(f"{fp}: {' '.join(runs)}" for fp, runs in outputs.items()))
 if not med["noshim"] or not all(med.values()):
     print("no ratio: a side has no result")
-    sys.exit(1)
+    sys.exit(1 if len(outputs) > 1 else 2)
 base, low = statistics.median(med["noshim"]), min(med["noshim"])
 print(f"noshim {base:.2f} ms (median of {len(med['noshim'])} runs; fastest run {low:.2f} ms)")
 for side in sides:
@@ -232,4 +267,10 @@ EOF
 # Every side's steps pooled over its runs (the floor it reaches, steadier than run medians on a
 # host where whole processes run slow).
 "$PY" bench/pooled_steps.py "$OUT" | sed 's/^/pooled: /' || true
+# 1: the outputs differ; 124: TIME_LIMIT cut the runs short; 1 too: a side has no result.
+if [ "$cut" = 1 ] && [ "$status" != 1 ]; then
+    status=124
+elif [ "$status" = 2 ]; then
+    status=1
+fi
 exit "$status"

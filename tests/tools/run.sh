@@ -429,6 +429,25 @@ FAKE=1 PROFILE="$tmp/prof.json" OUT="$tmp/ovh" ROUNDS=1 WORKLOAD=prefill bash be
 expect_rc "overhead.sh: WORKLOAD=prefill" 0 $rc "$tmp/o"
 [ "$(python3 -c 'import json,sys; print(json.load(open(sys.argv[1]))["workload"])' "$tmp/ovh/shim-1.json" 2>&1)" = prefill ] \
     && ok "overhead.sh: WORKLOAD=prefill runs prefill" || fail "overhead.sh: WORKLOAD=prefill runs prefill" "$(cat "$tmp/ovh/shim-1.json")"
+# overhead.sh TIME_LIMIT: no run starts that the longest so far says would not end in time (fake
+# runs of about 2 s, a limit of 5 s: two runs), and the summary covers the runs made.
+FAKE=1 TIME_LIMIT=5 BENCH_ARGS="--fake-sleep 1" PROFILE="$tmp/prof.json" OUT="$tmp/ovt" ROUNDS=4 SIDES="noshim shim" bash bench/overhead.sh >"$tmp/o" 2>&1; rc=$?
+expect_rc "overhead.sh: TIME_LIMIT cutting the runs short exits 124" 124 $rc "$tmp/o"
+expect "overhead.sh: TIME_LIMIT says which run it did not start" "$tmp/o" "^---- TIME_LIMIT=5: round [0-9]'s (noshim|shim) not started \([0-9-]+ s left, a run has taken up to [0-9]+ s\)"
+expect "overhead.sh: TIME_LIMIT still gives the ratio of the runs made" "$tmp/o" '^shim [0-9.]+ ms \(median of 1 runs\): ratio [0-9.]+'
+expect "overhead.sh: TIME_LIMIT names the runs not made" "$tmp/o" '^round 4 shim   no result$'
+[ ! -e "$tmp/ovt/noshim-4.json" ] && [ ! -e "$tmp/ovt/noshim-4.out" ] &&
+    ok "overhead.sh: TIME_LIMIT starts no run past it" || fail "overhead.sh: TIME_LIMIT starts no run past it" "$(ls "$tmp/ovt")"
+# A run still going at the limit is stopped, and leaves no result.
+FAKE=1 TIME_LIMIT=1 BENCH_ARGS="--fake-sleep 1" PROFILE="$tmp/prof.json" OUT="$tmp/ovt2" ROUNDS=1 SIDES="noshim shim" bash bench/overhead.sh >"$tmp/o" 2>&1; rc=$?
+expect_rc "overhead.sh: a run stopped at TIME_LIMIT exits 124" 124 $rc "$tmp/o"
+expect "overhead.sh: and says so" "$tmp/o" "^---- TIME_LIMIT=1: round 1's noshim stopped at the limit"
+[ ! -e "$tmp/ovt2/noshim-1.json" ] && ! grep -q 'OUTPUTS DIFFER' "$tmp/o" &&
+    ok "overhead.sh: the stopped run leaves no result, and no outputs are not outputs that differ" ||
+    fail "overhead.sh: the stopped run leaves no result, and no outputs are not outputs that differ" "$(cat "$tmp/o")"
+FAKE=1 TIME_LIMIT=0 PROFILE="$tmp/prof.json" OUT="$tmp/ovt3" bash bench/overhead.sh >"$tmp/o" 2>&1; rc=$?
+expect_rc "overhead.sh: TIME_LIMIT=0 exits 2" 2 $rc "$tmp/o"
+expect "overhead.sh: and names the setting" "$tmp/o" 'TIME_LIMIT=0: seconds, a whole number'
 # bench/device_ab.sh: overhead.sh packed into one archive (a gzipped profile, FAKE=1).
 gzip -c "$tmp/prof.json" >"$tmp/prof.json.gz"
 FAKE=1 NAME=ab1 PROFILE="$tmp/prof.json.gz" OUT="$tmp/dab" ROUNDS=1 SIDES="noshim shim" bash bench/device_ab.sh >"$tmp/o" 2>&1; rc=$?
@@ -439,9 +458,11 @@ expect "device_ab.sh: the archive holds overhead.sh's summary" "$tmp/dab/ab1/ove
 # TIME_LIMIT stops overhead.sh (8 fake runs of more than 1 s each, a limit of 6 s) and still packs
 # the runs it finished.
 FAKE=1 NAME=ab2 TIME_LIMIT=6 BENCH_ARGS="--fake-sleep 1" PROFILE="$tmp/prof.json" OUT="$tmp/dab" ROUNDS=4 SIDES="noshim shim" bash bench/device_ab.sh >"$tmp/o" 2>&1; rc=$?
-expect_rc "device_ab.sh: TIME_LIMIT passes overhead.sh's timeout on" 124 $rc "$tmp/o"
+expect_rc "device_ab.sh: TIME_LIMIT goes to overhead.sh, whose exit status it keeps" 124 $rc "$tmp/o"
 tar tzf "$tmp/dab/ab2.tgz" >"$tmp/e" 2>&1
 expect "device_ab.sh: TIME_LIMIT still packs the runs finished" "$tmp/e" '^ab2/noshim-1\.json$'
+tar xzf "$tmp/dab/ab2.tgz" -C "$tmp/dab" 2>/dev/null
+expect "device_ab.sh: and overhead.sh's summary of them" "$tmp/dab/ab2/overhead.txt" '^pooled: noshim +[0-9]+ steps'
 FAKE=1 NAME=ab3 TIME_LIMIT=5m PROFILE="$tmp/prof.json" OUT="$tmp/dab" bash bench/device_ab.sh >"$tmp/o" 2>&1; rc=$?
 expect_rc "device_ab.sh: a TIME_LIMIT that is not seconds exits 2" 2 $rc "$tmp/o"
 expect "device_ab.sh: and says so" "$tmp/o" 'TIME_LIMIT=5m: seconds'
