@@ -62,8 +62,8 @@ static bool ok(CUresult r, const char *what)
     return false;
 }
 
-/* A VA range of SIZE bytes backed by one physical allocation at (TYPE, ID), readable and
- * writable by the device. */
+/* A VA range of at least SIZE bytes (rounded up to the allocation granularity) backed by one
+ * physical allocation at (TYPE, ID), readable and writable by the device. */
 struct mapping {
     CUdeviceptr va;
     CUmemGenericAllocationHandle handle;
@@ -83,9 +83,16 @@ static bool map_new(CUmemLocationType type, int id, size_t size, struct mapping 
     access.location.id = (int)dev;
     access.flags = CU_MEM_ACCESS_FLAGS_PROT_READWRITE;
     memset(m, 0, sizeof(*m));
-    m->size = size;
+    size_t gran = 0;
+    if (!ok(fs_cuda.cuMemGetAllocationGranularity(&gran, &prop,
+                                                  CU_MEM_ALLOC_GRANULARITY_MINIMUM),
+            "cuMemGetAllocationGranularity"))
+        return false;
+    if (gran)
+        size = (size + gran - 1) / gran * gran;
     if (!ok(fs_cuda.cuMemAddressReserve(&m->va, size, 0, 0, 0), "cuMemAddressReserve"))
         return false;
+    m->size = size;
     if (!ok(fs_cuda.cuMemCreate(&m->handle, size, &prop, 0), "cuMemCreate")) {
         m->handle = 0;
         return false;
