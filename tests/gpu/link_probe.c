@@ -8,37 +8,28 @@
  *   link_probe [MiB ...]     (default 8 112 1024; 112 MiB is one of the 7b model's MLP matrices)
  *
  * Cases:
- *   vmm NODE     host physical memory (cuMemCreate, location HOST_NUMA NODE) mapped into a VA
- *                range, copied to and from VMM device memory by VA with cuMemcpyDtoDAsync: the
- *                shim's copies (core/device_cuda.c). NODE is the device's host NUMA node, as the
- *                shim picks it, and node 0 as well when that differs.
- *   vmm x3       three copies of the size at once on three streams (the executor's copy slots),
- *                rated by all their bytes over the time from the first start to the last end.
- *   hostalloc    cuMemHostAlloc memory, cuMemcpyHtoD / cuMemcpyDtoH to plain device memory,
- *                timed on the host: a framework's pinned copies (bench.py's W).
- * Uses the driver through the core's symbol table, like the shim. Exit 1 when a case could not
- * run, 2 on bad arguments. */
+ *   shim         the shim's own copies, through the device interface (core/device_cuda.c): host-
+ *                and device-located physical blocks (fs_phys_block_create, host memory on the
+ *                NUMA node the shim picks) copied by VA with copy_async, timed with its events.
+ *   shim x3      three such copies at once on three streams (the executor's copy slots), rated
+ *                by all their bytes over the time from the first start to the last end.
+ *   hostalloc    host_alloc memory (cuMemHostAlloc) and mem_alloc device memory (cuMemAlloc),
+ *                copied with cuMemcpyHtoD / cuMemcpyDtoH and timed on the host: a framework's
+ *                pinned copies (bench.py's W).
+ * Exit 1 when a case could not run, 2 on bad arguments. */
 #include <stdbool.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
-#include <time.h>
 
 #include "core/cuda_api.h"
+#include "core/device.h"
+#include "core/phys_pool.h"
 
 #define REPS 5
 #define MAX_SIZES 8
 #define MAX_MIB 16384
 #define SLOTS 3
-
-static CUdevice dev;
-
-static double now_ms(void)
-{
-    struct timespec ts;
-    clock_gettime(CLOCK_MONOTONIC, &ts);
-    return ts.tv_sec * 1e3 + ts.tv_nsec / 1e6;
-}
 
 static int cmp_double(const void *a, const void *b)
 {
@@ -52,86 +43,42 @@ static double median(double *v, int n)
     return v[n / 2];
 }
 
-static bool ok(CUresult r, const char *what)
+/* RC, said on stderr when it is a failure. */
+static int said(int rc, const char *what)
 {
-    if (r == CUDA_SUCCESS)
-        return true;
-    const char *name = NULL;
-    fs_cuda.cuGetErrorName(r, &name);
-    fprintf(stderr, "link_probe: %s: %s\n", what, name ? name : "unknown error");
-    return false;
+    if (rc != FS_OK)
+        fprintf(stderr, "link_probe: %s: %s\n", what, fs_err_str(rc));
+    return rc;
 }
 
-/* A VA range of at least SIZE bytes (rounded up to the allocation granularity) backed by one
- * physical allocation at (TYPE, ID), readable and writable by the device. */
-struct mapping {
-    CUdeviceptr va;
-    CUmemGenericAllocationHandle handle;
-    size_t size;
+/* The streams and events the timed copies use. */
+struct timing {
+    fs_stream streams[SLOTS];
+    fs_event start, ends[SLOTS];
 };
-
-static bool map_new(CUmemLocationType type, int id, size_t size, struct mapping *m)
-{
-    CUmemAllocationProp prop;
-    memset(&prop, 0, sizeof(prop));
-    prop.type = CU_MEM_ALLOCATION_TYPE_PINNED;
-    prop.location.type = type;
-    prop.location.id = id;
-    CUmemAccessDesc access;
-    memset(&access, 0, sizeof(access));
-    access.location.type = CU_MEM_LOCATION_TYPE_DEVICE;
-    access.location.id = (int)dev;
-    access.flags = CU_MEM_ACCESS_FLAGS_PROT_READWRITE;
-    memset(m, 0, sizeof(*m));
-    size_t gran = 0;
-    if (!ok(fs_cuda.cuMemGetAllocationGranularity(&gran, &prop,
-                                                  CU_MEM_ALLOC_GRANULARITY_MINIMUM),
-            "cuMemGetAllocationGranularity"))
-        return false;
-    if (gran)
-        size = (size + gran - 1) / gran * gran;
-    if (!ok(fs_cuda.cuMemAddressReserve(&m->va, size, 0, 0, 0), "cuMemAddressReserve"))
-        return false;
-    m->size = size;
-    if (!ok(fs_cuda.cuMemCreate(&m->handle, size, &prop, 0), "cuMemCreate")) {
-        m->handle = 0;
-        return false;
-    }
-    return ok(fs_cuda.cuMemMap(m->va, size, 0, m->handle, 0), "cuMemMap") &&
-           ok(fs_cuda.cuMemSetAccess(m->va, size, &access, 1), "cuMemSetAccess");
-}
-
-static void map_free(struct mapping *m)
-{
-    if (m->va && m->handle)
-        fs_cuda.cuMemUnmap(m->va, m->size);
-    if (m->handle)
-        fs_cuda.cuMemRelease(m->handle);
-    if (m->va)
-        fs_cuda.cuMemAddressFree(m->va, m->size);
-    memset(m, 0, sizeof(*m));
-}
 
 /* GB/s of NCOPIES copies of SIZE bytes from SRC[i] to DST[i], one per stream, all begun together
  * (median of REPS); negative on a failure. */
-static double time_dtod(CUdeviceptr *dst, CUdeviceptr *src, int ncopies, size_t size,
-                        CUstream *streams, CUevent start, CUevent *ends)
+static double time_copies(struct fs_device *dev, const struct timing *t, const fs_dptr *dst,
+                          const fs_dptr *src, int ncopies, uint64_t size)
 {
     double rate[REPS];
     for (int r = -1; r < REPS; r++) { /* r = -1: a warm-up */
-        if (!ok(fs_cuda.cuEventRecord(start, streams[0]), "cuEventRecord"))
+        if (said(fs_dev_call(dev, event_record, t->start, t->streams[0]), "event_record"))
             return -1;
         for (int i = 0; i < ncopies; i++)
-            if (!ok(fs_cuda.cuStreamWaitEvent(streams[i], start, 0), "cuStreamWaitEvent") ||
-                !ok(fs_cuda.cuMemcpyDtoDAsync(dst[i], src[i], size, streams[i]),
-                    "cuMemcpyDtoDAsync") ||
-                !ok(fs_cuda.cuEventRecord(ends[i], streams[i]), "cuEventRecord"))
+            if (said(fs_dev_call(dev, stream_wait_event, t->streams[i], t->start),
+                     "stream_wait_event") ||
+                said(fs_dev_call(dev, copy_async, dst[i], src[i], size, t->streams[i]),
+                     "copy_async") ||
+                said(fs_dev_call(dev, event_record, t->ends[i], t->streams[i]), "event_record"))
                 return -1;
         float longest = 0;
         for (int i = 0; i < ncopies; i++) {
             float ms = 0;
-            if (!ok(fs_cuda.cuEventSynchronize(ends[i]), "cuEventSynchronize") ||
-                !ok(fs_cuda.cuEventElapsedTime(&ms, start, ends[i]), "cuEventElapsedTime"))
+            if (said(fs_dev_call(dev, event_sync, t->ends[i]), "event_sync") ||
+                said(fs_dev_call(dev, event_elapsed_ms, t->start, t->ends[i], &ms),
+                     "event_elapsed_ms"))
                 return -1;
             if (ms > longest)
                 longest = ms;
@@ -145,76 +92,73 @@ static double time_dtod(CUdeviceptr *dst, CUdeviceptr *src, int ncopies, size_t 
 static void report(const char *label, size_t mib, const char *dir, double gbps, int *bad)
 {
     if (gbps < 0) {
-        printf("link_probe: %-12s %5zu MiB %s: failed\n", label, mib, dir);
+        printf("link_probe: %-9s %5zu MiB %s: failed\n", label, mib, dir);
         *bad = 1;
     } else {
-        printf("link_probe: %-12s %5zu MiB %s: %6.2f GB/s\n", label, mib, dir, gbps);
+        printf("link_probe: %-9s %5zu MiB %s: %6.2f GB/s\n", label, mib, dir, gbps);
     }
 }
 
-/* The shim's copies: host VMM memory on NODE against VMM device memory, one copy and SLOTS at
- * once, both directions. */
-static void probe_vmm(int node, size_t mib, CUstream *streams, CUevent start, CUevent *ends,
-                      int *bad)
+/* The shim's copies: host blocks against device blocks, one copy and SLOTS at once, both ways. */
+static void probe_shim(struct fs_device *dev, const struct timing *t, size_t mib, int *bad)
 {
-    size_t size = mib << 20;
-    struct mapping host[SLOTS], devm[SLOTS];
-    memset(host, 0, sizeof(host));
-    memset(devm, 0, sizeof(devm));
+    uint64_t size = (uint64_t)mib << 20, gran = dev->props.granularity;
+    uint64_t block = gran ? (size + gran - 1) / gran * gran : size;
+    struct fs_block *host[SLOTS] = {0}, *devb[SLOTS] = {0};
     bool made = true;
     for (int i = 0; i < SLOTS && made; i++)
-        made = map_new(CU_MEM_LOCATION_TYPE_HOST_NUMA, node, size, &host[i]) &&
-               map_new(CU_MEM_LOCATION_TYPE_DEVICE, (int)dev, size, &devm[i]);
-    char label[32], label3[32];
-    snprintf(label, sizeof(label), "vmm %d", node);
-    snprintf(label3, sizeof(label3), "vmm %d x%d", node, SLOTS);
-    CUdeviceptr h[SLOTS], d[SLOTS];
-    for (int i = 0; i < SLOTS; i++) {
-        h[i] = host[i].va;
-        d[i] = devm[i].va;
+        made = !said(fs_phys_block_create(dev, FS_LOC_HOST, block, &host[i]), "host block") &&
+               !said(fs_phys_block_create(dev, FS_LOC_DEVICE, block, &devb[i]), "device block");
+    fs_dptr h[SLOTS] = {0}, d[SLOTS] = {0};
+    for (int i = 0; i < SLOTS && made; i++) {
+        h[i] = host[i]->copy_va;
+        d[i] = devb[i]->copy_va;
     }
-    report(label, mib, "h2d", made ? time_dtod(d, h, 1, size, streams, start, ends) : -1, bad);
-    report(label, mib, "d2h", made ? time_dtod(h, d, 1, size, streams, start, ends) : -1, bad);
-    report(label3, mib, "h2d", made ? time_dtod(d, h, SLOTS, size, streams, start, ends) : -1,
-           bad);
-    report(label3, mib, "d2h", made ? time_dtod(h, d, SLOTS, size, streams, start, ends) : -1,
-           bad);
+    report("shim", mib, "h2d", made ? time_copies(dev, t, d, h, 1, size) : -1, bad);
+    report("shim", mib, "d2h", made ? time_copies(dev, t, h, d, 1, size) : -1, bad);
+    report("shim x3", mib, "h2d", made ? time_copies(dev, t, d, h, SLOTS, size) : -1, bad);
+    report("shim x3", mib, "d2h", made ? time_copies(dev, t, h, d, SLOTS, size) : -1, bad);
     for (int i = 0; i < SLOTS; i++) {
-        map_free(&host[i]);
-        map_free(&devm[i]);
+        if (host[i])
+            fs_phys_block_release(dev, host[i]);
+        if (devb[i])
+            fs_phys_block_release(dev, devb[i]);
     }
 }
 
-/* A framework's copies: cuMemHostAlloc memory and plain device memory, synchronous copies timed
- * on the host (GB/s, median of REPS; negative on a failure). */
-static double time_sync(bool h2d, CUdeviceptr d, void *h, size_t size)
+/* A framework's copies: synchronous, timed on the host (GB/s, median of REPS; negative on a
+ * failure). */
+static double time_sync(bool h2d, fs_dptr d, void *h, uint64_t size)
 {
     double rate[REPS];
     for (int r = -1; r < REPS; r++) {
-        double t0 = now_ms();
+        uint64_t t0 = fs_now_ns();
         CUresult res = h2d ? fs_cuda.cuMemcpyHtoD(d, h, size) : fs_cuda.cuMemcpyDtoH(h, d, size);
-        double ms = now_ms() - t0;
-        if (!ok(res, h2d ? "cuMemcpyHtoD" : "cuMemcpyDtoH"))
+        uint64_t ns = fs_now_ns() - t0;
+        if (res != CUDA_SUCCESS) {
+            fprintf(stderr, "link_probe: %s: %s\n", h2d ? "cuMemcpyHtoD" : "cuMemcpyDtoH",
+                    fs_cuda_errstr(res));
             return -1;
+        }
         if (r >= 0)
-            rate[r] = (double)size / (ms * 1e6);
+            rate[r] = (double)size / (double)ns;
     }
     return median(rate, REPS);
 }
 
-static void probe_hostalloc(size_t mib, int *bad)
+static void probe_hostalloc(struct fs_device *dev, size_t mib, int *bad)
 {
-    size_t size = mib << 20;
+    uint64_t size = (uint64_t)mib << 20;
     void *h = NULL;
-    CUdeviceptr d = 0;
-    bool made = ok(fs_cuda.cuMemHostAlloc(&h, size, CU_MEMHOSTALLOC_PORTABLE), "cuMemHostAlloc") &&
-                ok(fs_cuda.cuMemAlloc(&d, size), "cuMemAlloc");
+    fs_dptr d = 0;
+    bool made = !said(fs_dev_call(dev, host_alloc, size, &h), "host_alloc") &&
+                !said(fs_dev_call(dev, mem_alloc, size, &d), "mem_alloc");
     report("hostalloc", mib, "h2d", made ? time_sync(true, d, h, size) : -1, bad);
     report("hostalloc", mib, "d2h", made ? time_sync(false, d, h, size) : -1, bad);
     if (d)
-        fs_cuda.cuMemFree(d);
+        fs_dev_call(dev, mem_free, d);
     if (h)
-        fs_cuda.cuMemFreeHost(h);
+        fs_dev_call(dev, host_free, h);
 }
 
 int main(int argc, char **argv)
@@ -236,44 +180,39 @@ int main(int argc, char **argv)
             sizes[nsizes++] = (size_t)v;
         }
     }
-    CUcontext ctx;
-    if (fs_cuda_load_driver() || fs_cuda.cuInit(0) != CUDA_SUCCESS ||
-        fs_cuda.cuDeviceGet(&dev, 0) != CUDA_SUCCESS ||
-        fs_cuda.cuDevicePrimaryCtxRetain(&ctx, dev) != CUDA_SUCCESS ||
-        fs_cuda.cuCtxSetCurrent(ctx) != CUDA_SUCCESS) {
-        fprintf(stderr, "link_probe: no CUDA device\n");
+    struct fs_device *dev = NULL;
+    if (said(fs_device_cuda_open(0, &dev), "no CUDA device 0"))
+        return 1;
+    /* The hostalloc case calls the driver itself: the device's context on this thread. */
+    if (said(fs_dev_call(dev, bind_thread), "bind_thread")) {
+        fs_dev_call(dev, close);
         return 1;
     }
-    /* The shim's node: the device's host NUMA node when it has one, else 0. */
-    int nodes[2] = {0, 0}, nnodes = 1, attr = -1;
-    if (fs_cuda.cuDeviceGetAttribute(&attr, CU_DEVICE_ATTRIBUTE_HOST_NUMA_ID, dev) ==
-            CUDA_SUCCESS &&
-        attr > 0)
-        nodes[nnodes++] = attr;
-    printf("link_probe: the device's host NUMA node %d; the shim uses node %d\n", attr,
-           nodes[nnodes - 1]);
-    CUstream streams[SLOTS] = {0};
-    CUevent start = NULL, ends[SLOTS] = {0};
-    int bad = 0;
+    if (!dev->props.host_phys_supported) {
+        fprintf(stderr, "link_probe: %s cannot map host-located memory: the shim cannot run "
+                        "here\n", dev->props.name);
+        fs_dev_call(dev, close);
+        return 1;
+    }
+    printf("link_probe: %s\n", dev->props.name);
+    struct timing t;
+    memset(&t, 0, sizeof(t));
+    int bad = said(fs_dev_call(dev, event_create, true, &t.start), "event_create") != FS_OK;
     for (int i = 0; i < SLOTS && !bad; i++)
-        bad = !ok(fs_cuda.cuStreamCreateWithPriority(&streams[i], CU_STREAM_NON_BLOCKING, 0),
-                  "cuStreamCreateWithPriority") ||
-              !ok(fs_cuda.cuEventCreate(&ends[i], CU_EVENT_DEFAULT), "cuEventCreate");
-    if (!bad)
-        bad = !ok(fs_cuda.cuEventCreate(&start, CU_EVENT_DEFAULT), "cuEventCreate");
+        bad = said(fs_dev_call(dev, stream_create, &t.streams[i]), "stream_create") ||
+              said(fs_dev_call(dev, event_create, true, &t.ends[i]), "event_create");
     for (int s = 0; s < nsizes && !bad; s++) {
-        for (int n = nnodes - 1; n >= 0; n--)
-            probe_vmm(nodes[n], sizes[s], streams, start, ends, &bad);
-        probe_hostalloc(sizes[s], &bad);
+        probe_shim(dev, &t, sizes[s], &bad);
+        probe_hostalloc(dev, sizes[s], &bad);
     }
     for (int i = 0; i < SLOTS; i++) {
-        if (streams[i])
-            fs_cuda.cuStreamDestroy(streams[i]);
-        if (ends[i])
-            fs_cuda.cuEventDestroy(ends[i]);
+        if (t.streams[i])
+            fs_dev_call(dev, stream_destroy, t.streams[i]);
+        if (t.ends[i])
+            fs_dev_call(dev, event_destroy, t.ends[i]);
     }
-    if (start)
-        fs_cuda.cuEventDestroy(start);
-    fs_cuda.cuDevicePrimaryCtxRelease(dev);
+    if (t.start)
+        fs_dev_call(dev, event_destroy, t.start);
+    fs_dev_call(dev, close);
     return bad;
 }
