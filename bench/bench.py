@@ -688,12 +688,15 @@ def run_bandwidth(args, res):
             e1.record()
             e1.synchronize()
             secs.append(e0.elapsed_time(e1) / 1000)
-        med = statistics.median(secs)
+        # The fastest copy is what the link can do: L is a lower bound, and a copy slowed by
+        # something else on the host (stop 32: 19.5, 19.5, 36.1, 40.6, 25.7 ms) only makes it
+        # look larger than it is.
+        fast, med = min(secs), statistics.median(secs)
         out[name] = {"bytes": n, "seconds": [round(s, 6) for s in secs],
-                     "median_s": round(med, 6), "bytes_per_s": n / med,
-                     "gb_per_s": round(n / med / 1e9, 2)}
-        print(f"  {name}: {n / GiB:.2f} GiB, median {med * 1000:.2f} ms, {n / med / 1e9:.2f} GB/s",
-              flush=True)
+                     "median_s": round(med, 6), "fastest_s": round(fast, 6),
+                     "bytes_per_s": n / fast, "gb_per_s": round(n / fast / 1e9, 2)}
+        print(f"  {name}: {n / GiB:.2f} GiB, fastest of {len(secs)} {fast * 1000:.2f} ms "
+              f"(median {med * 1000:.2f}), {n / fast / 1e9:.2f} GB/s", flush=True)
     res["bandwidth"] = out
     res["W_bytes_per_s"] = out["h2d"]["bytes_per_s"]
 

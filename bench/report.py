@@ -21,8 +21,10 @@ Definitions (also in docs/PERFORMANCE.md):
   C  noshim's median step time, same model and workload (all weights resident, no shim)
   B  bytes that must move per step: max(0, weight bytes - budget bytes); a lower bound, since
      activations and the KV cache need room under the budget too
-  W  pinned host-to-device bandwidth, 1 GiB copies timed with CUDA events, median of 5
-  L  max(C, B / W): no offloading schedule runs a step faster
+  W  pinned host-to-device bandwidth, 1 GiB copies timed with CUDA events, the fastest of 5
+     (lines written before stop 32 hold the median)
+  L  max(C, B / W): no offloading schedule runs a step faster, so a step more than 2% below it
+     says this run measured C or W low, and its x L targets are not counted (SUSPECT)
 """
 import argparse
 import json
@@ -42,6 +44,8 @@ SYSTEM_ORDER = ["noshim", "flexshim", "flexshim_host_read", "flexshim_redirect",
                 "accelerate"]
 # flexshim_MODE: flexshim with FLEXTENSOR_OFFLOAD_MODE=MODE, from the same profile
 SHIM_SYSTEMS = ("flexshim", "flexshim_host_read", "flexshim_redirect")
+# A step this far below its limit L (as a ratio) cannot be: L is a lower bound.
+BELOW_LIMIT = 0.98
 COLORS = {"noshim": "#444444", "flexshim": "#d62728", "flexshim_host_read": "#ff7f0e",
           "flexshim_redirect": "#9467bd", "pipeline": "#1f77b4",
           "accelerate": "#2ca02c", "L": "#000000"}
@@ -479,10 +483,17 @@ def targets(rows):
     by = {(r["model"], r["workload"], r["system"], r["budget_pct"]): r for r in rows}
     out = []
 
-    def add(name, model, workload, budget, value, bound, text):
+    def add(name, model, workload, budget, value, bound, text, floor=None):
+        """FLOOR: below it the value is impossible, so the run measured its reference wrong."""
         met = None if value is None or bound is None else value <= bound
+        suspect = met is not None and floor is not None and value < floor
+        if suspect:
+            met = None
+            text += (f"; below the limit, which no offloader can be: this run measured C or W "
+                     f"(W {r.get('W_gb_per_s')} GB/s) low, so it is not counted")
         out.append({"target": name, "model": model, "workload": workload, "budget_pct": budget,
-                    "value": value, "bound": bound, "met": met, "text": text})
+                    "value": value, "bound": bound, "met": met, "suspect": suspect,
+                    "text": text})
 
     for r in sort_rows(rows):
         model, workload, system, pct = r["model"], r["workload"], r["system"], r["budget_pct"]
@@ -491,12 +502,12 @@ def targets(rows):
         t = r["step_ms"]
         if pct is not None and pct < 100:
             add(f"{system} <= 1.10 x L", model, workload, pct, r.get("ratio_to_L"), 1.10,
-                f"{t:.1f} ms vs L {r.get('L_ms')} ms")
+                f"{t:.1f} ms vs L {r.get('L_ms')} ms", floor=BELOW_LIMIT)
             if r.get("Lg_ms"):
                 add(f"(not a target) {system} <= 1.10 x L' = max(C, G + (B - P)/W)", model,
                     workload, pct, t / r["Lg_ms"], 1.10,
                     f"{t:.1f} ms vs L' {r['Lg_ms']} ms (G {r.get('G_ms')} ms at "
-                    f"{r.get('G_at')})")
+                    f"{r.get('G_at')})", floor=BELOW_LIMIT)
             acc = by.get((model, workload, "accelerate", pct))
             add(f"{system} faster than accelerate", model, workload, pct,
                 None if not acc else t / acc["step_ms"], 1.0,
@@ -552,7 +563,8 @@ def table_text(a):
         bwd = b.get("bandwidth") or {}
         out.append(f"W (run {b.get('run_id')}): host to device "
                    f"{(bwd.get('h2d') or {}).get('gb_per_s')} GB/s, device to host "
-                   f"{(bwd.get('d2h') or {}).get('gb_per_s')} GB/s (1 GiB pinned, median of 5)")
+                   f"{(bwd.get('d2h') or {}).get('gb_per_s')} GB/s (1 GiB pinned, "
+                   f"{'fastest' if 'fastest_s' in (bwd.get('h2d') or {}) else 'median'} of 5)")
     out.append("")
     hdr = ["model", "workload", "budget", "system", "step ms", "x L", "identical", "steps",
            "peak GiB", "notes"]
@@ -614,7 +626,8 @@ def table_text(a):
     out.append("")
     out.append("Targets of issue 5:")
     for t in a["targets"]:
-        state = "no data" if t["met"] is None else ("met" if t["met"] else "MISSED")
+        state = ("SUSPECT" if t.get("suspect") else "no data" if t["met"] is None
+                 else "met" if t["met"] else "MISSED")
         val = "" if t["value"] is None else f" ({t['value']:.3f} vs {t['bound']})"
         out.append(f"  {state:7s} {t['target']}: {t['model']} {t['workload']} "
                    f"{fmt(t['budget_pct'], 'g')}%{val}: {t['text']}")
@@ -759,7 +772,8 @@ def cmd_build(args):
            "files": [os.path.abspath(p) for p in args.files], "unparsed_lines": bad,
            "definitions": {"C": "noshim median step time, same model and workload",
                            "B": "max(0, weight_bytes - budget_bytes) per step (lower bound)",
-                           "W": "pinned host-to-device bytes/s, 1 GiB copy, median of 5",
+                           "W": "pinned host-to-device bytes/s, 1 GiB copy, fastest of 5 "
+                                "(median in lines before stop 32)",
                            "L": "max(C, B / W)"}}
     doc.update(a)
     with open(os.path.join(out, "bench.json"), "w") as f:
@@ -974,6 +988,8 @@ def selftest():
             m("A", "flexshim", "prefill", 25, 300.0,
               fingerprint={"kind": "logits-rowsum-sha256", "value": "zzz", "stable": True}),
             m("A", "flexshim", "decode", 100, 20.5, ttfs_s=11.5),
+            # Below B/W (144.8 ms): impossible, so run A's W must have been measured low.
+            m("A", "flexshim", "decode", 50, 120.0),
             m("A", "flexshim", "decode", 25, 250.0, fingerprint={"kind": "tokens",
                                                                  "tokens": toks[:5] + [9] * 28}),
             m("A", "pipeline", "decode", 25, 240.0),
@@ -1056,6 +1072,12 @@ def selftest():
               is True)
         check("target vs pipeline missed", t[("flexshim at least as fast as the pipeline",
                                                "decode", 25)]["met"] is False)
+        k = ("flexshim <= 1.10 x L", "decode", 50)
+        check("a step below L is not counted as met", t[k]["met"] is None and t[k]["suspect"]
+              and "  SUSPECT flexshim <= 1.10 x L: 7b decode 50% (0.829 vs 1.1)" in text
+              and "W 50.0 GB/s) low" in t[k]["text"], t[k])
+        check("a step above L is not suspect", not t[("flexshim <= 1.10 x L", "prefill", 50)]
+              ["suspect"])
         k = ("flexshim at 100% within 3% of noshim (decode)", "decode", 100)
         check("target 100% decode (vs its own run's noshim: 20.5/20)", t[k]["met"] is True
               and abs(t[k]["value"] - 1.025) < 1e-9, t[k])

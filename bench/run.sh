@@ -221,7 +221,7 @@ preamble() {
 }
 
 step_bandwidth() {
-    echo "==== W: pinned host-to-device bandwidth (1 GiB, CUDA events, median of 5)"
+    echo "==== W: pinned host-to-device bandwidth (1 GiB, CUDA events, the fastest of 5)"
     run_one bandwidth bandwidth prefill 100 measure 15
 }
 
