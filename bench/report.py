@@ -483,14 +483,15 @@ def targets(rows):
     by = {(r["model"], r["workload"], r["system"], r["budget_pct"]): r for r in rows}
     out = []
 
-    def add(name, model, workload, budget, value, bound, text, floor=None):
-        """FLOOR: below it the value is impossible, so the run measured its reference wrong."""
+    def add(name, model, workload, budget, value, bound, text, limit_row=None):
+        """LIMIT_ROW: the row whose ratio to its limit VALUE is; below BELOW_LIMIT that cannot
+        be, so the row's run measured C or W wrong and the target is not counted."""
         met = None if value is None or bound is None else value <= bound
-        suspect = met is not None and floor is not None and value < floor
+        suspect = met is not None and limit_row is not None and value < BELOW_LIMIT
         if suspect:
             met = None
             text += (f"; below the limit, which no offloader can be: this run measured C or W "
-                     f"(W {r.get('W_gb_per_s')} GB/s) low, so it is not counted")
+                     f"(W {limit_row.get('W_gb_per_s')} GB/s) low, so it is not counted")
         out.append({"target": name, "model": model, "workload": workload, "budget_pct": budget,
                     "value": value, "bound": bound, "met": met, "suspect": suspect,
                     "text": text})
@@ -502,12 +503,12 @@ def targets(rows):
         t = r["step_ms"]
         if pct is not None and pct < 100:
             add(f"{system} <= 1.10 x L", model, workload, pct, r.get("ratio_to_L"), 1.10,
-                f"{t:.1f} ms vs L {r.get('L_ms')} ms", floor=BELOW_LIMIT)
+                f"{t:.1f} ms vs L {r.get('L_ms')} ms", limit_row=r)
             if r.get("Lg_ms"):
                 add(f"(not a target) {system} <= 1.10 x L' = max(C, G + (B - P)/W)", model,
                     workload, pct, t / r["Lg_ms"], 1.10,
                     f"{t:.1f} ms vs L' {r['Lg_ms']} ms (G {r.get('G_ms')} ms at "
-                    f"{r.get('G_at')})", floor=BELOW_LIMIT)
+                    f"{r.get('G_at')})", limit_row=r)
             acc = by.get((model, workload, "accelerate", pct))
             add(f"{system} faster than accelerate", model, workload, pct,
                 None if not acc else t / acc["step_ms"], 1.0,
