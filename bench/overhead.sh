@@ -216,8 +216,9 @@ for r in range(1, rounds + 1):
         if queued:
             queue[side].append(statistics.median(queued))
         for key in THREAD_KEYS:
-            if result.get(key):
-                thread[key][side].append(statistics.median(result[key][warm:]))
+            timed_values = (result.get(key) or [])[warm:]  # none when ITERS <= the warm-up
+            if timed_values:
+                thread[key][side].append(statistics.median(timed_values))
         if result.get("ttfs_s") is not None:
             ttfs[side].append(result["ttfs_s"])
         if fp is not None:

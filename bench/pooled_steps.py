@@ -45,7 +45,8 @@ def main(argv):
         if steps:
             sides.setdefault(side, []).append(steps)
     if "noshim" not in sides:
-        sys.exit(f"pooled_steps.py: no noshim-*.json in {argv[1]}")
+        sys.exit(f"pooled_steps.py: no noshim-*.json with steps after the warm-up ones in "
+                 f"{argv[1]} (with ITERS at most the warm-up, every step is one)")
     base = stats(sides["noshim"])
     for side in ["noshim"] + sorted(s for s in sides if s != "noshim"):
         s = stats(sides[side])

@@ -369,6 +369,15 @@ expect "overhead.sh: each side's host time to queue a step" "$tmp/o" '^host time
 expect "overhead.sh: the queueing thread's CPU time per side" "$tmp/o" '^the queueing thread.s CPU time a step \(median over runs; .*\): noshim [0-9.]+ ms; shim [0-9.]+ ms \([0-9.]+\); watch'
 expect "overhead.sh: the process's CPU time per side" "$tmp/o" '^the whole process.s CPU time in that span \(median over runs; .*\): noshim [0-9.]+ ms; shim [0-9.]+ ms \([0-9.]+\); watch'
 expect "overhead.sh: the queueing thread's blocks, preemptions and faults per side" "$tmp/o" '^the queueing thread a step \(median over runs\): noshim 1 blocks, 0 preemptions, 2 minor faults; shim 1 blocks'
+
+# ITERS at most the warm-up: every step is a warm-up one, and the summary still prints (it raised
+# on the thread counters' empty medians before).
+FAKE=1 PROFILE="$tmp/prof.json" OUT="$tmp/ovw" ROUNDS=1 ITERS=4 SIDES="noshim shim" bash bench/overhead.sh >"$tmp/o" 2>&1; rc=$?
+expect_rc "overhead.sh ITERS=4 (no step after the warm-up) exits 0" 0 $rc "$tmp/o"
+expect "overhead.sh ITERS=4: each side's run and ratio" "$tmp/o" '^shim [0-9.]+ ms \(median of 1 runs\): ratio [0-9.]+'
+expect_not "overhead.sh ITERS=4: no traceback" "$tmp/o" 'Traceback'
+expect "overhead.sh ITERS=4: pooled_steps.py says why it has nothing" "$tmp/o" 'no noshim-\*\.json with steps after the warm-up ones'
+
 # SAMPLES=1: every run writes its samples (made up under FAKE: the shim's sides 1 ms more a step in
 # cuLaunchKernel), and bench/sample_report.py finds that millisecond in them.
 FAKE=1 SAMPLES=1 PROFILE="$tmp/prof.json" OUT="$tmp/ovs" ROUNDS=2 SIDES="noshim shim" bash bench/overhead.sh >"$tmp/o" 2>&1; rc=$?
@@ -438,10 +447,11 @@ expect "overhead.sh: TIME_LIMIT still gives the ratio of the runs made" "$tmp/o"
 expect "overhead.sh: TIME_LIMIT names the runs not made" "$tmp/o" '^round 4 shim   no result$'
 [ ! -e "$tmp/ovt/noshim-4.json" ] && [ ! -e "$tmp/ovt/noshim-4.out" ] &&
     ok "overhead.sh: TIME_LIMIT starts no run past it" || fail "overhead.sh: TIME_LIMIT starts no run past it" "$(ls "$tmp/ovt")"
-# A run still going at the limit is stopped, and leaves no result.
-FAKE=1 TIME_LIMIT=1 BENCH_ARGS="--fake-sleep 1" PROFILE="$tmp/prof.json" OUT="$tmp/ovt2" ROUNDS=1 SIDES="noshim shim" bash bench/overhead.sh >"$tmp/o" 2>&1; rc=$?
+# A run still going at the limit is stopped, and leaves no result. The limit leaves the script's
+# setup time to start the first run even on a loaded machine (with TIME_LIMIT=1 it once did not).
+FAKE=1 TIME_LIMIT=3 BENCH_ARGS="--fake-sleep 6" PROFILE="$tmp/prof.json" OUT="$tmp/ovt2" ROUNDS=1 SIDES="noshim shim" bash bench/overhead.sh >"$tmp/o" 2>&1; rc=$?
 expect_rc "overhead.sh: a run stopped at TIME_LIMIT exits 124" 124 $rc "$tmp/o"
-expect "overhead.sh: and says so" "$tmp/o" "^---- TIME_LIMIT=1: round 1's noshim stopped at the limit"
+expect "overhead.sh: and says so" "$tmp/o" "^---- TIME_LIMIT=3: round 1's noshim stopped at the limit"
 [ ! -e "$tmp/ovt2/noshim-1.json" ] && ! grep -q 'OUTPUTS DIFFER' "$tmp/o" &&
     ok "overhead.sh: the stopped run leaves no result, and no outputs are not outputs that differ" ||
     fail "overhead.sh: the stopped run leaves no result, and no outputs are not outputs that differ" "$(cat "$tmp/o")"
