@@ -23,6 +23,9 @@ typedef struct fs_event_ *fs_event;   /* an event; the real one is a CUevent */
 
 enum fs_mem_loc { FS_LOC_DEVICE, FS_LOC_HOST };
 
+/* event_create's flags. */
+enum { FS_EVENT_TIMING = 1u << 0, FS_EVENT_BLOCKING = 1u << 1 };
+
 struct fs_device_props {
     char name[96];
     int ordinal;
@@ -87,8 +90,10 @@ struct fs_device_ops {
     int (*host_alloc)(struct fs_device *dev, uint64_t size, void **out);
     int (*host_free)(struct fs_device *dev, void *ptr);
 
-    /* TIMING: the event can be used with event_elapsed_ms (costs a little more to record). */
-    int (*event_create)(struct fs_device *dev, bool timing, fs_event *out);
+    /* FLAGS: FS_EVENT_TIMING, the event can be used with event_elapsed_ms (costs a little more
+     * to record); FS_EVENT_BLOCKING, event_sync sleeps until the event completes instead of
+     * spinning on a CPU core (the driver's default while a process has few contexts). */
+    int (*event_create)(struct fs_device *dev, unsigned flags, fs_event *out);
     int (*event_destroy)(struct fs_device *dev, fs_event event);
     int (*event_record)(struct fs_device *dev, fs_event event, fs_stream stream);
     /* FS_OK when everything recorded before the event has completed, FS_ERR_NOT_READY if not. */

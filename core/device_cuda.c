@@ -343,14 +343,16 @@ static int cuda_copy_async(struct fs_device *dev, fs_dptr dst, fs_dptr src, uint
         cuMemcpyDtoDAsync((CUdeviceptr)dst, (CUdeviceptr)src, size, (CUstream)stream));
 }
 
-static int cuda_event_create(struct fs_device *dev, bool timing, fs_event *out)
+static int cuda_event_create(struct fs_device *dev, unsigned flags, fs_event *out)
 {
     struct cuda_impl *c = impl_of(dev);
     CUevent e = NULL;
-    if (!out)
+    if (!out || (flags & ~(unsigned)(FS_EVENT_TIMING | FS_EVENT_BLOCKING)))
         return FS_ERR_INVALID;
     ENSURE_CTX(c);
-    int err = CU_CHECK(cuEventCreate(&e, timing ? CU_EVENT_DEFAULT : CU_EVENT_DISABLE_TIMING));
+    unsigned cu_flags = (flags & FS_EVENT_TIMING ? CU_EVENT_DEFAULT : CU_EVENT_DISABLE_TIMING) |
+                        (flags & FS_EVENT_BLOCKING ? CU_EVENT_BLOCKING_SYNC : 0);
+    int err = CU_CHECK(cuEventCreate(&e, cu_flags));
     if (err != FS_OK)
         return err;
     *out = (fs_event)e;

@@ -1023,10 +1023,10 @@ static int sim_host_free(struct fs_device *dev, void *ptr)
     return FS_OK;
 }
 
-static int sim_event_create(struct fs_device *dev, bool timing, fs_event *out)
+static int sim_event_create(struct fs_device *dev, unsigned flags, fs_event *out)
 {
     struct sim *s = sim_of(dev);
-    if (!s)
+    if (!s || (flags & ~(unsigned)(FS_EVENT_TIMING | FS_EVENT_BLOCKING)))
         return FS_ERR_INVALID;
     int rc = sim_begin(s, FS_SIM_OP_EVENT_CREATE);
     if (rc == FS_OK) {
@@ -1036,9 +1036,10 @@ static int sim_event_create(struct fs_device *dev, bool timing, fs_event *out)
         } else if (!e) {
             rc = FS_ERR_NOMEM;
         } else {
-            e->timing = timing;
+            e->timing = flags & FS_EVENT_TIMING;
             list_add(&s->events, &e->link);
             s->st.live_events++;
+            s->st.blocking_events_made += (flags & FS_EVENT_BLOCKING) != 0;
             *out = e;
         }
     }

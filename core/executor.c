@@ -452,13 +452,14 @@ static void slots_init(struct fs_executor *x)
         struct fs_res_move *m = &x->slots[x->nslots].m;
         m->on_room = room_freed;
         m->on_room_arg = x;
-        if (fs_dev_call(dev, event_create, false, &m->ev) != FS_OK)
+        unsigned flags = x->res->wait_event_flags; /* the finishers wait on them */
+        if (fs_dev_call(dev, event_create, flags, &m->ev) != FS_OK)
             break;
         if (fs_dev_call(dev, host_alloc, FS_FP_PARTS_BYTES, (void **)&m->parts) != FS_OK) {
             fs_dev_call(dev, event_destroy, m->ev);
             break;
         }
-        if (fs_dev_call(dev, event_create, false, &m->fp_ev) != FS_OK)
+        if (fs_dev_call(dev, event_create, flags, &m->fp_ev) != FS_OK)
             m->fp_ev = NULL; /* its prefetches' fingerprints run on the copy stream */
     }
     if (x->nslots < FS_EXEC_MOVES_INFLIGHT)

@@ -466,9 +466,9 @@ int fs_rec_measure_link(struct fs_device *dev, struct fs_bw_model *bw)
     if (rc == FS_OK)
         rc = fs_dev_call(dev, stream_create, &s);
     if (rc == FS_OK)
-        rc = fs_dev_call(dev, event_create, true, &e0);
+        rc = fs_dev_call(dev, event_create, FS_EVENT_TIMING, &e0);
     if (rc == FS_OK)
-        rc = fs_dev_call(dev, event_create, true, &e1);
+        rc = fs_dev_call(dev, event_create, FS_EVENT_TIMING, &e1);
     bw->points = calloc(2, sizeof(*bw->points));
     if (rc == FS_OK && !bw->points)
         rc = FS_ERR_NOMEM;
@@ -588,7 +588,7 @@ static void record_timing(struct fs_recorder *r, int end, fs_stream stream)
     if (!r->counting || r->iters_timed >= r->profiling_iters)
         return;
     fs_event *ev = &r->events[2 * (r->iters_timed * r->period + r->pos) + end];
-    if (!*ev && fs_dev_call(r->dev, event_create, true, ev) != FS_OK)
+    if (!*ev && fs_dev_call(r->dev, event_create, FS_EVENT_TIMING, ev) != FS_OK)
         *ev = NULL;
     if (*ev)
         fs_dev_call(r->dev, event_record, *ev, stream);

@@ -25,7 +25,7 @@ static struct fs_shared_event *event_get(struct fs_residency *res)
     e = calloc(1, sizeof(*e));
     if (!e)
         return NULL;
-    if (fs_dev_call(res->dev, event_create, false, &e->ev) != FS_OK) {
+    if (fs_dev_call(res->dev, event_create, res->wait_event_flags, &e->ev) != FS_OK) {
         free(e);
         return NULL;
     }
@@ -221,6 +221,7 @@ int fs_res_init(struct fs_residency *res, struct fs_device *dev, const struct fs
         FS_INFO("no host memory for fingerprints: every eviction copies its data back to host");
     }
     res->background_pinning = cfg->background_pinning;
+    res->wait_event_flags = cfg->blocking_waits ? FS_EVENT_BLOCKING : 0;
     return FS_OK;
 fail_h2d:
     fs_dev_call(dev, stream_destroy, res->h2d);

@@ -173,6 +173,7 @@ struct fs_residency {
     int nplan_role;
     pthread_mutex_t ev_lock; /* guards free_events only */
     struct fs_shared_event *free_events;
+    unsigned wait_event_flags; /* event_create flags of the events the engine waits on */
     struct fs_res_stats stats;
     /* background pinning: host blocks for the allocations the budget will push out (one
      * thread: the driver makes pinned host memory at about 4 GB/s however many threads ask,
@@ -192,6 +193,7 @@ struct fs_res_config {
     bool background_pinning;
     bool strict_remap;       /* REMAP_SAFETY=strict */
     bool fingerprint;        /* WRITEBACK=fingerprint: skip the write-back of unchanged data */
+    bool blocking_waits;     /* COPY_WAIT=block: those waits sleep instead of spinning */
 };
 
 int fs_res_init(struct fs_residency *res, struct fs_device *dev, const struct fs_res_config *cfg);

@@ -197,10 +197,10 @@ int main(int argc, char **argv)
     printf("link_probe: %s\n", dev->props.name);
     struct timing t;
     memset(&t, 0, sizeof(t));
-    int bad = said(fs_dev_call(dev, event_create, true, &t.start), "event_create") != FS_OK;
+    int bad = said(fs_dev_call(dev, event_create, FS_EVENT_TIMING, &t.start), "event_create") != FS_OK;
     for (int i = 0; i < SLOTS && !bad; i++)
         bad = said(fs_dev_call(dev, stream_create, &t.streams[i]), "stream_create") ||
-              said(fs_dev_call(dev, event_create, true, &t.ends[i]), "event_create");
+              said(fs_dev_call(dev, event_create, FS_EVENT_TIMING, &t.ends[i]), "event_create");
     for (int s = 0; s < nsizes && !bad; s++) {
         probe_shim(dev, &t, sizes[s], &bad);
         probe_hostalloc(dev, sizes[s], &bad);

@@ -13,6 +13,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <time.h>
 
 #include "cuda_api.h"
 #include "device.h"
@@ -60,6 +61,14 @@ static void fill_pattern(uint32_t *buf, uint64_t bytes, uint32_t seed)
 }
 
 /* Index of the first differing 32-bit word, or -1. */
+/* This thread's CPU time. */
+static uint64_t thread_cpu_ns(void)
+{
+    struct timespec ts;
+    clock_gettime(CLOCK_THREAD_CPUTIME_ID, &ts);
+    return (uint64_t)ts.tv_sec * 1000000000ull + (uint64_t)ts.tv_nsec;
+}
+
 static int64_t first_diff(const uint32_t *a, const uint32_t *b, uint64_t bytes)
 {
     for (uint64_t i = 0; i < bytes / 4; i++)
@@ -128,8 +137,8 @@ static double time_copy(struct fs_device *dev, fs_stream stream, fs_dptr dst, fs
     fs_event t0 = NULL, t1 = NULL;
     float ms = 0.0f;
     double gbs = 0.0;
-    if (!OK(dev, fs_dev_call(dev, event_create, true, &t0), "event_create(timing)") ||
-        !OK(dev, fs_dev_call(dev, event_create, true, &t1), "event_create(timing)"))
+    if (!OK(dev, fs_dev_call(dev, event_create, FS_EVENT_TIMING, &t0), "event_create(timing)") ||
+        !OK(dev, fs_dev_call(dev, event_create, FS_EVENT_TIMING, &t1), "event_create(timing)"))
         goto out;
     /* warm-up */
     if (!OK(dev, fs_dev_call(dev, copy_async, dst, src, size, stream), "copy_async warm-up"))
@@ -475,8 +484,8 @@ int main(int argc, char **argv)
         CHECK(e == FS_ERR_INVALID && bad == NULL, "phys_create non-multiple -> %s",
               fs_err_str(e));
         fs_event nt0 = NULL, nt1 = NULL;
-        if (OK(dev, fs_dev_call(dev, event_create, false, &nt0), "event_create(no timing)") &&
-            OK(dev, fs_dev_call(dev, event_create, false, &nt1), "event_create(no timing)")) {
+        if (OK(dev, fs_dev_call(dev, event_create, 0, &nt0), "event_create(no timing)") &&
+            OK(dev, fs_dev_call(dev, event_create, 0, &nt1), "event_create(no timing)")) {
             float ms = -1.0f;
             fs_dev_call(dev, event_record, nt0, s1);
             fs_dev_call(dev, event_record, nt1, s1);
@@ -535,7 +544,7 @@ int main(int argc, char **argv)
         r = fs_cuda.cuMemsetD32((CUdeviceptr)va_d2, 0, BIG / 4);
         CHECK(r == CUDA_SUCCESS, "cuMemsetD32 clears dev 2 -> %s", fs_cuda_errstr(r));
         OK(dev, dev->ops->ctx_sync(dev), "ctx_sync");
-        if (OK(dev, fs_dev_call(dev, event_create, false, &ev), "event_create(no timing)")) {
+        if (OK(dev, fs_dev_call(dev, event_create, 0, &ev), "event_create(no timing)")) {
             OK(dev, fs_dev_call(dev, copy_async, va_d, va_h, BIG, s1), "copy_async on s1");
             OK(dev, fs_dev_call(dev, event_record, ev, s1), "event_record on s1");
             OK(dev, fs_dev_call(dev, stream_wait_event, s2, ev), "stream_wait_event s2 <- ev");
@@ -556,6 +565,33 @@ int main(int argc, char **argv)
                       "s2's copy saw s1's completed copy (stream_wait_event ordering)");
             OK(dev, fs_dev_call(dev, event_destroy, ev), "event_destroy");
         }
+
+        /* FS_EVENT_BLOCKING: a wait on such an event sleeps (COPY_WAIT=block). Ten 256 MiB
+         * copies (about 50 ms) queued, then one wait each way: the thread's CPU time during a
+         * spinning wait is about its wall time, during a blocking one a small part of it. */
+        double cpu_share[2] = {-1.0, -1.0};
+        for (int blocking = 0; blocking < 2; blocking++) {
+            fs_event w = NULL;
+            if (!OK(dev, fs_dev_call(dev, event_create, blocking ? FS_EVENT_BLOCKING : 0, &w),
+                    blocking ? "event_create(blocking)" : "event_create(spinning)"))
+                continue;
+            for (int i = 0; i < 10; i++)
+                fs_dev_call(dev, copy_async, va_d, va_h, BIG, s1);
+            fs_dev_call(dev, event_record, w, s1);
+            uint64_t wall0 = fs_now_ns(), cpu0 = thread_cpu_ns();
+            OK(dev, fs_dev_call(dev, event_sync, w), "event_sync");
+            uint64_t wall = fs_now_ns() - wall0, cpu = thread_cpu_ns() - cpu0;
+            CHECK(fs_dev_call(dev, event_query, w) == FS_OK, "event_query after event_sync");
+            cpu_share[blocking] = wall ? (double)cpu / (double)wall : -1.0;
+            printf("INFO event_sync (%s) waited %.1f ms, %.0f%% of it on the CPU\n",
+                   blocking ? "blocking" : "spinning", wall / 1e6, 100.0 * cpu_share[blocking]);
+            OK(dev, fs_dev_call(dev, event_destroy, w), "event_destroy");
+        }
+        CHECK(cpu_share[1] >= 0.0 && cpu_share[1] < 0.5,
+              "a blocking event's wait sleeps (%.0f%% on the CPU)", 100.0 * cpu_share[1]);
+        fs_event bad_ev = NULL;
+        CHECK(fs_dev_call(dev, event_create, 4u, &bad_ev) == FS_ERR_INVALID && !bad_ev,
+              "event_create with an unknown flag -> FS_ERR_INVALID");
 
         /* a second thread: bind_thread, own stream, copy */
         r = fs_cuda.cuMemsetD32((CUdeviceptr)va_d2, 0, BIG / 4);

@@ -545,7 +545,14 @@ static void test_copy_timing_h2d(void **state)
     fs_stream s;
     fs_event e;
     assert_int_equal(fs_dev_call(d, stream_create, &s), FS_OK);
-    assert_int_equal(fs_dev_call(d, event_create, false, &e), FS_OK);
+    fs_event bad = NULL;
+    assert_int_equal(fs_dev_call(d, event_create, 4u, &bad), FS_ERR_INVALID); /* unknown flag */
+    assert_null(bad);
+    /* A blocking event behaves as any other here (the simulator never spins); it is counted. */
+    assert_int_equal(fs_dev_call(d, event_create, FS_EVENT_BLOCKING, &e), FS_OK);
+    struct fs_sim_stats st;
+    fs_sim_get_stats(d, &st);
+    assert_int_equal(st.blocking_events_made, 1);
     assert_int_equal(fs_dev_call(d, copy_async, dv.va, h.va, BIG, s), FS_OK);
     assert_int_equal(fs_dev_call(d, event_record, e, s), FS_OK);
     assert_int_equal(fs_sim_now_ns(d), 0); /* queuing takes no time */
@@ -601,8 +608,8 @@ static void test_h2d_and_d2h_overlap(void **state)
     fs_event e1, e2;
     assert_int_equal(fs_dev_call(d, stream_create, &s1), FS_OK);
     assert_int_equal(fs_dev_call(d, stream_create, &s2), FS_OK);
-    assert_int_equal(fs_dev_call(d, event_create, true, &e1), FS_OK);
-    assert_int_equal(fs_dev_call(d, event_create, true, &e2), FS_OK);
+    assert_int_equal(fs_dev_call(d, event_create, FS_EVENT_TIMING, &e1), FS_OK);
+    assert_int_equal(fs_dev_call(d, event_create, FS_EVENT_TIMING, &e2), FS_OK);
     assert_int_equal(fs_dev_call(d, copy_async, dv.va, h.va, BIG, s1), FS_OK);
     assert_int_equal(fs_dev_call(d, copy_async, h.va, dv.va, BIG, s2), FS_OK);
     assert_int_equal(fs_dev_call(d, event_record, e1, s1), FS_OK);
@@ -636,7 +643,7 @@ static void test_two_h2d_serialize_on_engine(void **state)
     fs_event e1;
     assert_int_equal(fs_dev_call(d, stream_create, &s1), FS_OK);
     assert_int_equal(fs_dev_call(d, stream_create, &s2), FS_OK);
-    assert_int_equal(fs_dev_call(d, event_create, false, &e1), FS_OK);
+    assert_int_equal(fs_dev_call(d, event_create, 0, &e1), FS_OK);
     assert_int_equal(fs_dev_call(d, copy_async, dv.va, h.va, BIG, s1), FS_OK);
     assert_int_equal(fs_dev_call(d, event_record, e1, s1), FS_OK);
     assert_int_equal(fs_dev_call(d, copy_async, dv.va, h.va, BIG, s2), FS_OK);
@@ -646,7 +653,7 @@ static void test_two_h2d_serialize_on_engine(void **state)
     assert_int_equal(fs_dev_call(d, event_query, e1), FS_OK);
     /* A D2D copy does not wait for the H2D engine. */
     fs_event e2;
-    assert_int_equal(fs_dev_call(d, event_create, false, &e2), FS_OK);
+    assert_int_equal(fs_dev_call(d, event_create, 0, &e2), FS_OK);
     assert_int_equal(fs_dev_call(d, copy_async, dv.va, h.va, BIG, s1), FS_OK);
     assert_int_equal(fs_dev_call(d, copy_async, dv.va + 2 * MIB, dv.va, 2000000, s2), FS_OK);
     assert_int_equal(fs_dev_call(d, event_record, e2, s2), FS_OK);
@@ -791,9 +798,9 @@ static void test_events(void **state)
     fs_stream s;
     fs_event e0, e1, plain;
     assert_int_equal(fs_dev_call(d, stream_create, &s), FS_OK);
-    assert_int_equal(fs_dev_call(d, event_create, true, &e0), FS_OK);
-    assert_int_equal(fs_dev_call(d, event_create, true, &e1), FS_OK);
-    assert_int_equal(fs_dev_call(d, event_create, false, &plain), FS_OK);
+    assert_int_equal(fs_dev_call(d, event_create, FS_EVENT_TIMING, &e0), FS_OK);
+    assert_int_equal(fs_dev_call(d, event_create, FS_EVENT_TIMING, &e1), FS_OK);
+    assert_int_equal(fs_dev_call(d, event_create, 0, &plain), FS_OK);
 
     /* Never recorded: complete, sync returns at once, no timing. */
     assert_int_equal(fs_dev_call(d, event_query, e1), FS_OK);
@@ -886,8 +893,8 @@ static void test_stream_wait_event_orders_kernel(void **state)
     assert_int_equal(fs_dev_call(d, stream_create, &s1), FS_OK);
     assert_int_equal(fs_sim_stream_create(d, &s2), FS_OK);
     assert_int_equal(fs_sim_stream_create(d, &s3), FS_OK);
-    assert_int_equal(fs_dev_call(d, event_create, false, &ev), FS_OK);
-    assert_int_equal(fs_dev_call(d, event_create, false, &done), FS_OK);
+    assert_int_equal(fs_dev_call(d, event_create, 0, &ev), FS_OK);
+    assert_int_equal(fs_dev_call(d, event_create, 0, &done), FS_OK);
 
     uint64_t size = G;
     struct sum_ctx early = {G, 0, 0}, late = {G, 0, 0};
@@ -1131,7 +1138,7 @@ static void test_capture_forbids_sync(void **state)
     fs_event e;
     assert_int_equal(fs_sim_stream_create(d, &s), FS_OK);
     assert_int_equal(fs_dev_call(d, stream_create, &other), FS_OK);
-    assert_int_equal(fs_dev_call(d, event_create, false, &e), FS_OK);
+    assert_int_equal(fs_dev_call(d, event_create, 0, &e), FS_OK);
 
     bool cap = true;
     assert_int_equal(fs_dev_call(d, stream_capturing, s, &cap), FS_OK);
@@ -1306,7 +1313,7 @@ static void test_illegal_kernel_access_is_sticky(void **state)
     fs_stream s;
     fs_event e;
     assert_int_equal(fs_dev_call(d, stream_create, &s), FS_OK);
-    assert_int_equal(fs_dev_call(d, event_create, false, &e), FS_OK);
+    assert_int_equal(fs_dev_call(d, event_create, 0, &e), FS_OK);
     struct sum_ctx c = {G, 0, 0};
     uint64_t size = G;
     /* Half mapped is still illegal: the range runs past dv's mapping. */
@@ -1435,7 +1442,7 @@ static int workload(struct fs_device *d)
     if (ph && vh)
         mh = track(fs_dev_call(d, map, vh, G, ph, 0), &n) == FS_OK;
     track(fs_dev_call(d, stream_create, &s), &n);
-    track(fs_dev_call(d, event_create, true, &e), &n);
+    track(fs_dev_call(d, event_create, FS_EVENT_TIMING, &e), &n);
     fs_dptr plain = 0;
     track(fs_dev_call(d, mem_alloc, G, &plain), &n);
     if (md)
@@ -1585,7 +1592,7 @@ static void test_close_frees_leaked_objects(void **state)
     fs_dptr va;
     assert_int_equal(fs_dev_call(d, stream_create, &s), FS_OK);
     assert_int_equal(fs_sim_stream_create(d, &s), FS_OK);
-    assert_int_equal(fs_dev_call(d, event_create, true, &e), FS_OK);
+    assert_int_equal(fs_dev_call(d, event_create, FS_EVENT_TIMING, &e), FS_OK);
     assert_int_equal(fs_dev_call(d, phys_create, G, FS_LOC_DEVICE, &loose), FS_OK);
     assert_int_equal(fs_dev_call(d, va_reserve, G, &va), FS_OK);
     /* Work still queued at close. */
@@ -1619,7 +1626,7 @@ static void *thread_main(void *p)
     fs_stream s;
     fs_event e;
     if (d->ops->bind_thread(d) != FS_OK || fs_dev_call(d, stream_create, &s) != FS_OK ||
-        fs_dev_call(d, event_create, false, &e) != FS_OK) {
+        fs_dev_call(d, event_create, 0, &e) != FS_OK) {
         t->failures++;
         return NULL;
     }
@@ -1764,7 +1771,7 @@ static void test_engine_wait_keeps_the_program_clock(void **state)
     assert_int_equal(fs_dev_call(d, stream_create, &copy_s), FS_OK);
     assert_int_equal(fs_dev_call(d, stream_create, &next_s), FS_OK);
     assert_int_equal(fs_sim_stream_create(d, &prog_s), FS_OK);
-    assert_int_equal(fs_dev_call(d, event_create, false, &ev), FS_OK);
+    assert_int_equal(fs_dev_call(d, event_create, 0, &ev), FS_OK);
     fill(d, h.va, G, 0x5a);
     const uint64_t t0 = fs_sim_now_ns(d);
 

@@ -693,6 +693,34 @@ static void test_plan_runs_from_saved_profile(void **state)
     fs_sim_get_stats(dev, &sim);
     assert_true(st.res.fingerprints > 0);
     assert_int_equal(st.res.fingerprints, sim.fingerprints);
+    assert_int_equal(sim.blocking_events_made, 0); /* COPY_WAIT=spin, the default */
+    stop(dev);
+    unlink(path);
+}
+
+/* COPY_WAIT=block: the events the engine's threads wait on (the executor's copy slots', each
+ * launch's last use) sleep instead of spinning; the plan runs as with spin. */
+static void test_copy_wait_block(void **state)
+{
+    (void)state;
+    char path[64];
+    fresh_path(path, sizeof(path));
+    record_profile(path, "FLEXTENSOR_GPU_MEMORY_LIMIT=64MiB");
+    uint64_t w[L], act;
+    struct fs_device *dev = start_from_profile(path, "FLEXTENSOR_COPY_WAIT=block", w, &act);
+    enum { ITERS = 20 };
+    assert_int_equal(run_program(dev, w, L, act, ITERS), 0);
+    fs_engine_drain_moves();
+    struct fs_engine_stats st;
+    fs_engine_get_stats(&st);
+    assert_int_equal(st.exec.plans, 1);
+    assert_true(st.exec.prefetches >= ITERS);
+    assert_true(st.exec.overlapped >= ITERS);
+    assert_int_equal(st.exec.move_failures, 0);
+    struct fs_sim_stats sim;
+    fs_sim_get_stats(dev, &sim);
+    /* Two a copy slot (its copy's and its fingerprint's), and the launches' shared events. */
+    assert_true(sim.blocking_events_made > 2 * FS_EXEC_MOVES_INFLIGHT);
     stop(dev);
     unlink(path);
 }
@@ -1549,6 +1577,7 @@ int main(void)
         cmocka_unit_test(test_profile_recorded_and_planned),
         cmocka_unit_test(test_marked_iterations),
         cmocka_unit_test(test_plan_runs_from_saved_profile),
+        cmocka_unit_test(test_copy_wait_block),
         cmocka_unit_test(test_same_program),
         cmocka_unit_test(test_early_start),
         cmocka_unit_test(test_plan_places_new_allocations),

@@ -166,8 +166,8 @@ static uint8_t *kept(const uint8_t *ids, int n)
 /* A move set up as the executor's slots are (core/executor.c slots_init). */
 static void move_init(struct env *e, struct fs_res_move *m)
 {
-    assert_int_equal(fs_dev_call(e->dev, event_create, false, &m->ev), FS_OK);
-    assert_int_equal(fs_dev_call(e->dev, event_create, false, &m->fp_ev), FS_OK);
+    assert_int_equal(fs_dev_call(e->dev, event_create, 0, &m->ev), FS_OK);
+    assert_int_equal(fs_dev_call(e->dev, event_create, 0, &m->fp_ev), FS_OK);
     assert_int_equal(fs_dev_call(e->dev, host_alloc, FS_FP_PARTS_BYTES, (void **)&m->parts), FS_OK);
 }
 
