@@ -24,7 +24,7 @@ Definitions (also in docs/PERFORMANCE.md):
   W  pinned host-to-device bandwidth, 1 GiB copies timed with CUDA events, the fastest of 5
      (lines written before stop 32 hold the median)
   L  max(C, B / W): no offloading schedule runs a step faster, so a step more than 2% below it
-     says this run measured C or W low, and its x L targets are not counted (SUSPECT)
+     says this run measured C or W wrong, and its x L targets are not counted (SUSPECT)
 """
 import argparse
 import json
@@ -485,13 +485,14 @@ def targets(rows):
 
     def add(name, model, workload, budget, value, bound, text, limit_row=None):
         """LIMIT_ROW: the row whose ratio to its limit VALUE is; below BELOW_LIMIT that cannot
-        be, so the row's run measured C or W wrong and the target is not counted."""
+        be, so the row's run measured its inputs wrong and the target is not counted."""
         met = None if value is None or bound is None else value <= bound
         suspect = met is not None and limit_row is not None and value < BELOW_LIMIT
         if suspect:
             met = None
-            text += (f"; below the limit, which no offloader can be: this run measured C or W "
-                     f"(W {limit_row.get('W_gb_per_s')} GB/s) low, so it is not counted")
+            text += (f"; below the limit, which no offloader can be: this run measured its "
+                     f"inputs (C, W {limit_row.get('W_gb_per_s')} GB/s, or G) wrong, so it is "
+                     f"not counted")
         out.append({"target": name, "model": model, "workload": workload, "budget_pct": budget,
                     "value": value, "bound": bound, "met": met, "suspect": suspect,
                     "text": text})
@@ -1076,7 +1077,7 @@ def selftest():
         k = ("flexshim <= 1.10 x L", "decode", 50)
         check("a step below L is not counted as met", t[k]["met"] is None and t[k]["suspect"]
               and "  SUSPECT flexshim <= 1.10 x L: 7b decode 50% (0.829 vs 1.1)" in text
-              and "W 50.0 GB/s) low" in t[k]["text"], t[k])
+              and "W 50.0 GB/s, or G) wrong" in t[k]["text"], t[k])
         check("a step above L is not suspect", not t[("flexshim <= 1.10 x L", "prefill", 50)]
               ["suspect"])
         k = ("flexshim at 100% within 3% of noshim (decode)", "decode", 100)

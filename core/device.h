@@ -25,6 +25,7 @@ enum fs_mem_loc { FS_LOC_DEVICE, FS_LOC_HOST };
 
 /* event_create's flags. */
 enum { FS_EVENT_TIMING = 1u << 0, FS_EVENT_BLOCKING = 1u << 1 };
+#define FS_EVENT_ALL ((unsigned)(FS_EVENT_TIMING | FS_EVENT_BLOCKING))
 
 struct fs_device_props {
     char name[96];
@@ -91,8 +92,9 @@ struct fs_device_ops {
     int (*host_free)(struct fs_device *dev, void *ptr);
 
     /* FLAGS: FS_EVENT_TIMING, the event can be used with event_elapsed_ms (costs a little more
-     * to record); FS_EVENT_BLOCKING, event_sync sleeps until the event completes instead of
-     * spinning on a CPU core (the driver's default while a process has few contexts). */
+     * to record); FS_EVENT_BLOCKING, event_sync sleeps until the event completes, whatever the
+     * context's scheduling (by default a spin on a CPU core while a process has few contexts).
+     * Other bits: FS_ERR_INVALID. */
     int (*event_create)(struct fs_device *dev, unsigned flags, fs_event *out);
     int (*event_destroy)(struct fs_device *dev, fs_event event);
     int (*event_record)(struct fs_device *dev, fs_event event, fs_stream stream);

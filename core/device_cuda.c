@@ -347,7 +347,7 @@ static int cuda_event_create(struct fs_device *dev, unsigned flags, fs_event *ou
 {
     struct cuda_impl *c = impl_of(dev);
     CUevent e = NULL;
-    if (!out || (flags & ~(unsigned)(FS_EVENT_TIMING | FS_EVENT_BLOCKING)))
+    if (!out || (flags & ~FS_EVENT_ALL))
         return FS_ERR_INVALID;
     ENSURE_CTX(c);
     unsigned cu_flags = (flags & FS_EVENT_TIMING ? CU_EVENT_DEFAULT : CU_EVENT_DISABLE_TIMING) |

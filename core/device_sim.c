@@ -1026,7 +1026,7 @@ static int sim_host_free(struct fs_device *dev, void *ptr)
 static int sim_event_create(struct fs_device *dev, unsigned flags, fs_event *out)
 {
     struct sim *s = sim_of(dev);
-    if (!s || (flags & ~(unsigned)(FS_EVENT_TIMING | FS_EVENT_BLOCKING)))
+    if (!s || (flags & ~FS_EVENT_ALL))
         return FS_ERR_INVALID;
     int rc = sim_begin(s, FS_SIM_OP_EVENT_CREATE);
     if (rc == FS_OK) {

@@ -91,7 +91,7 @@ struct fs_sim_stats {
     uint64_t param_layout_queries; /* param_layout calls, failed ones included */
     uint64_t maps_by_loc[2];       /* successful maps, by enum fs_mem_loc of the allocation */
     uint64_t live_phys, live_va_ranges, live_streams, live_events; /* leak checks */
-    uint64_t blocking_events_made; /* event_create calls with FS_EVENT_BLOCKING */
+    uint64_t blocking_events_made; /* events made with FS_EVENT_BLOCKING */
     uint64_t plain_allocs;         /* live mem_alloc memory */
 };
 

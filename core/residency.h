@@ -193,7 +193,7 @@ struct fs_res_config {
     bool background_pinning;
     bool strict_remap;       /* REMAP_SAFETY=strict */
     bool fingerprint;        /* WRITEBACK=fingerprint: skip the write-back of unchanged data */
-    bool blocking_waits;     /* COPY_WAIT=block: those waits sleep instead of spinning */
+    bool blocking_waits;     /* COPY_WAIT=block: waits on the engine's events sleep */
 };
 
 int fs_res_init(struct fs_residency *res, struct fs_device *dev, const struct fs_res_config *cfg);
