@@ -698,8 +698,8 @@ static void test_plan_runs_from_saved_profile(void **state)
     unlink(path);
 }
 
-/* COPY_WAIT=block: the events the engine's threads wait on (the executor's copy slots', each
- * launch's last use) sleep instead of spinning; the plan runs as with spin. */
+/* COPY_WAIT=block: the events the engine waits on (the executor's copy slots', each launch's
+ * last use) are made blocking; the plan runs as with the default. */
 static void test_copy_wait_block(void **state)
 {
     (void)state;
