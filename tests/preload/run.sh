@@ -100,6 +100,13 @@ expect "dump shows defaults" "$tmp/dump" '^FLEXTENSOR_STRATEGY +adaptive +defaul
 "$TOOL" config --ini >"$tmp/gen.ini" 2>&1
 if diff -q "$tmp/gen.ini" conf/flexshim.ini >/dev/null; then ok "conf/flexshim.ini is generated from the table"; else
     fail "conf/flexshim.ini is generated from the table" "regenerate: $BUILD/flexshim-profile config --ini > conf/flexshim.ini"; fi
+# README's settings table is written by hand: every setting of the table is in it, at its default.
+missing=$(sed -nE 's/^# ([a-z_]+) = ?(.*)$/\1 \2/p' "$tmp/gen.ini" | while read -r key def; do
+    row="| \`$(echo "$key" | tr a-z A-Z)\` | ${def:+$def }|"
+    grep -qF -- "$row" README.md || echo "$row"
+done)
+[ -z "$missing" ] && ok "README's settings table has every setting at its default" ||
+    fail "README's settings table has every setting at its default" "no row starting: $missing"
 "$TOOL" frobnicate >/dev/null 2>&1; rc=$?
 [ $rc = 2 ] && ok "unknown command exits 2" || fail "unknown command exits 2" "exit $rc"
 
