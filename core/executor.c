@@ -448,11 +448,11 @@ static void queue_move(struct fs_executor *x, uint64_t id, bool evict)
 static void slots_init(struct fs_executor *x)
 {
     struct fs_device *dev = x->res->dev;
+    unsigned flags = x->res->wait_event_flags; /* the finishers wait on these events */
     for (x->nslots = 0; x->nslots < FS_EXEC_MOVES_INFLIGHT; x->nslots++) {
         struct fs_res_move *m = &x->slots[x->nslots].m;
         m->on_room = room_freed;
         m->on_room_arg = x;
-        unsigned flags = x->res->wait_event_flags; /* the finishers wait on them */
         if (fs_dev_call(dev, event_create, flags, &m->ev) != FS_OK)
             break;
         if (fs_dev_call(dev, host_alloc, FS_FP_PARTS_BYTES, (void **)&m->parts) != FS_OK) {

@@ -21,6 +21,20 @@ bool fs_grow(void **arr, size_t *cap, size_t need, size_t elem)
     return true;
 }
 
+static int cmp_double(const void *a, const void *b)
+{
+    double x = *(const double *)a, y = *(const double *)b;
+    return (x > y) - (x < y);
+}
+
+double fs_median(double *v, int n)
+{
+    if (n <= 0)
+        return 0;
+    qsort(v, (size_t)n, sizeof(*v), cmp_double);
+    return n % 2 ? v[n / 2] : (v[n / 2 - 1] + v[n / 2]) / 2;
+}
+
 int fs_write_file(const char *path, int (*emit)(FILE *f, void *arg), void *arg)
 {
     FILE *f = fopen(path, "w");

@@ -46,6 +46,10 @@ _Bool fs_grow(void **arr, size_t *cap, size_t need, size_t elem);
  * FS_ERR_IO when the file cannot be opened, written or closed; errno says why. */
 int fs_write_file(const char *path, int (*emit)(FILE *f, void *arg), void *arg);
 
+/* The median of the N values in V (sorted in place): the mean of the middle two for an even N, 0
+ * for none. */
+double fs_median(double *v, int n);
+
 /* CLOCK_MONOTONIC in nanoseconds. */
 static inline uint64_t fs_now_ns(void)
 {

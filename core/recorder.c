@@ -264,21 +264,6 @@ static int begin_profiling(struct fs_recorder *r, int start, int period, int n_i
     return FS_OK;
 }
 
-static int cmp_double(const void *a, const void *b)
-{
-    double x = *(const double *)a, y = *(const double *)b;
-    return (x > y) - (x < y);
-}
-
-/* The median of the N samples in S (sorted in place); 0 for none. */
-static double median(double *s, int n)
-{
-    if (n == 0)
-        return 0;
-    qsort(s, (size_t)n, sizeof(double), cmp_double);
-    return n % 2 ? s[n / 2] : (s[n / 2 - 1] + s[n / 2]) / 2;
-}
-
 /* Per launch, medians over the timed iterations (lock held): its GPU time, from just before it
  * was queued to its end (the gaps while the device waited for the program or for fault-ins are
  * left out), and the program's host time before it. */
@@ -299,8 +284,8 @@ static void launch_times(struct fs_recorder *r, double *dur_us, double *host_us)
             if (r->host_us[idx] >= 0)
                 host[nh++] = r->host_us[idx];
         }
-        dur_us[i] = median(gpu, ng);
-        host_us[i] = median(host, nh);
+        dur_us[i] = fs_median(gpu, ng);
+        host_us[i] = fs_median(host, nh);
     }
     free(gpu);
     free(host);
@@ -449,7 +434,7 @@ static int time_copy(struct fs_device *dev, fs_stream s, fs_event e0, fs_event e
             return rc;
         t[i] = ms * 1000.0;
     }
-    *us = median(t, 3);
+    *us = fs_median(t, 3);
     return FS_OK;
 }
 

@@ -23,12 +23,6 @@ static void seterr(char *err, size_t len, const char *fmt, ...)
     va_end(ap);
 }
 
-static int cmp_double(const void *a, const void *b)
-{
-    double x = *(const double *)a, y = *(const double *)b;
-    return (x > y) - (x < y);
-}
-
 #define MAX_STREAMS 64 /* the program's streams; later ones share the last */
 
 static int stream_slot(const struct fs_prof_launch *l)
@@ -441,8 +435,7 @@ int fs_replay(const struct fs_profile *p, const struct fs_replay_config *cfg,
         double *d = r.ends_us; /* differences in place, from the end: each needs its left */
         for (int it = cfg->iterations - 1; it >= WARMUP; it--)
             d[it] -= d[it - 1];
-        qsort(d + WARMUP, (size_t)m, sizeof(double), cmp_double);
-        out->step_us = m % 2 ? d[WARMUP + m / 2] : (d[WARMUP + m / 2 - 1] + d[WARMUP + m / 2]) / 2;
+        out->step_us = fs_median(d + WARMUP, m);
         out->first_us = d[0] - start_us;
     }
     cleanup(&r);

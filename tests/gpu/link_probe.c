@@ -31,18 +31,6 @@
 #define MAX_MIB 16384
 #define SLOTS 3
 
-static int cmp_double(const void *a, const void *b)
-{
-    double x = *(const double *)a, y = *(const double *)b;
-    return (x > y) - (x < y);
-}
-
-static double median(double *v, int n)
-{
-    qsort(v, (size_t)n, sizeof(*v), cmp_double);
-    return v[n / 2];
-}
-
 /* RC, said on stderr when it is a failure. */
 static int said(int rc, const char *what)
 {
@@ -86,7 +74,7 @@ static double time_copies(struct fs_device *dev, const struct timing *t, const f
         if (r >= 0)
             rate[r] = (double)size * ncopies / (longest * 1e6);
     }
-    return median(rate, REPS);
+    return fs_median(rate, REPS);
 }
 
 static void report(const char *label, size_t mib, const char *dir, double gbps, int *bad)
@@ -103,7 +91,7 @@ static void report(const char *label, size_t mib, const char *dir, double gbps, 
 static void probe_shim(struct fs_device *dev, const struct timing *t, size_t mib, int *bad)
 {
     uint64_t size = (uint64_t)mib << 20, gran = dev->props.granularity;
-    uint64_t block = gran ? (size + gran - 1) / gran * gran : size;
+    uint64_t block = fs_round_up(size, gran);
     struct fs_block *host[SLOTS] = {0}, *devb[SLOTS] = {0};
     bool made = true;
     for (int i = 0; i < SLOTS && made; i++)
@@ -143,7 +131,7 @@ static double time_sync(bool h2d, fs_dptr d, void *h, uint64_t size)
         if (r >= 0)
             rate[r] = (double)size / (double)ns;
     }
-    return median(rate, REPS);
+    return fs_median(rate, REPS);
 }
 
 static void probe_hostalloc(struct fs_device *dev, size_t mib, int *bad)
@@ -197,7 +185,8 @@ int main(int argc, char **argv)
     printf("link_probe: %s\n", dev->props.name);
     struct timing t;
     memset(&t, 0, sizeof(t));
-    int bad = said(fs_dev_call(dev, event_create, FS_EVENT_TIMING, &t.start), "event_create") != FS_OK;
+    int bad =
+        said(fs_dev_call(dev, event_create, FS_EVENT_TIMING, &t.start), "event_create") != FS_OK;
     for (int i = 0; i < SLOTS && !bad; i++)
         bad = said(fs_dev_call(dev, stream_create, &t.streams[i]), "stream_create") ||
               said(fs_dev_call(dev, event_create, FS_EVENT_TIMING, &t.ends[i]), "event_create");

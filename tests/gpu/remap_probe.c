@@ -17,6 +17,7 @@
 #include <time.h>
 
 #include "core/cuda_api.h"
+#include "core/fs.h"
 
 #define REPS 7
 #define PIECE (2ull << 20)
@@ -116,18 +117,6 @@ static int range_unmap(struct range *r, double *ms)
     return 0;
 }
 
-static int cmp_d(const void *a, const void *b)
-{
-    double x = *(const double *)a, y = *(const double *)b;
-    return x < y ? -1 : x > y;
-}
-
-static double median(double *v, int n)
-{
-    qsort(v, (size_t)n, sizeof(*v), cmp_d);
-    return v[n / 2];
-}
-
 /* One case: REPS map/access/unmap cycles on a fresh range; the first cycle is reported apart. */
 static int run_case(const char *name, size_t size, size_t piece, bool host, bool per_piece,
                     CUmemAccess_flags flags)
@@ -140,7 +129,7 @@ static int run_case(const char *name, size_t size, size_t piece, bool host, bool
         if (range_map(&r, per_piece, flags, &map[i], &acc[i]) || range_unmap(&r, &un[i]))
             return -1;
     double gib = (double)size / (1ull << 30), first = map[0] + acc[0];
-    double m = median(map, REPS), a = median(acc, REPS), u = median(un, REPS);
+    double m = fs_median(map, REPS), a = fs_median(acc, REPS), u = fs_median(un, REPS);
     printf("%-44s %6zu MiB  map %7.3f  access %7.3f  unmap %7.3f ms/GiB  (%.3f ms a range; "
            "first map+access %.3f ms)\n",
            name, size >> 20, m / gib, a / gib, u / gib, m + a + u, first);

@@ -545,15 +545,7 @@ static void test_copy_timing_h2d(void **state)
     fs_stream s;
     fs_event e;
     assert_int_equal(fs_dev_call(d, stream_create, &s), FS_OK);
-    fs_event bad = NULL;
-    assert_int_equal(fs_dev_call(d, event_create, FS_EVENT_ALL + 1, &bad),
-                     FS_ERR_INVALID); /* unknown flag */
-    assert_null(bad);
-    /* A blocking event behaves as any other here (the simulator never spins); it is counted. */
-    assert_int_equal(fs_dev_call(d, event_create, FS_EVENT_BLOCKING, &e), FS_OK);
-    struct fs_sim_stats st;
-    fs_sim_get_stats(d, &st);
-    assert_int_equal(st.blocking_events_made, 1);
+    assert_int_equal(fs_dev_call(d, event_create, 0, &e), FS_OK);
     assert_int_equal(fs_dev_call(d, copy_async, dv.va, h.va, BIG, s), FS_OK);
     assert_int_equal(fs_dev_call(d, event_record, e, s), FS_OK);
     assert_int_equal(fs_sim_now_ns(d), 0); /* queuing takes no time */
@@ -797,11 +789,19 @@ static void test_events(void **state)
     buf_make(d, &dv, G, FS_LOC_DEVICE);
     buf_make(d, &hv, G, FS_LOC_HOST);
     fs_stream s;
-    fs_event e0, e1, plain;
+    fs_event e0, e1, plain, blocking, bad = NULL;
     assert_int_equal(fs_dev_call(d, stream_create, &s), FS_OK);
     assert_int_equal(fs_dev_call(d, event_create, FS_EVENT_TIMING, &e0), FS_OK);
     assert_int_equal(fs_dev_call(d, event_create, FS_EVENT_TIMING, &e1), FS_OK);
     assert_int_equal(fs_dev_call(d, event_create, 0, &plain), FS_OK);
+    assert_int_equal(fs_dev_call(d, event_create, FS_EVENT_ALL + 1, &bad),
+                     FS_ERR_INVALID); /* unknown flag */
+    assert_null(bad);
+    /* A blocking event behaves as any other here (the simulator never spins); it is counted. */
+    assert_int_equal(fs_dev_call(d, event_create, FS_EVENT_BLOCKING, &blocking), FS_OK);
+    struct fs_sim_stats st;
+    fs_sim_get_stats(d, &st);
+    assert_int_equal(st.blocking_events_made, 1);
 
     /* Never recorded: complete, sync returns at once, no timing. */
     assert_int_equal(fs_dev_call(d, event_query, e1), FS_OK);
@@ -814,6 +814,7 @@ static void test_events(void **state)
     assert_int_equal(fs_dev_call(d, copy_async, dv.va, hv.va, G, s), FS_OK);
     assert_int_equal(fs_dev_call(d, event_record, e1, s), FS_OK);
     assert_int_equal(fs_dev_call(d, event_record, plain, s), FS_OK);
+    assert_int_equal(fs_dev_call(d, event_record, blocking, s), FS_OK);
     assert_int_equal(fs_dev_call(d, event_query, e0), FS_OK); /* idle stream: done at once */
     assert_int_equal(fs_dev_call(d, event_query, e1), FS_ERR_NOT_READY);
     assert_int_equal(fs_dev_call(d, event_elapsed_ms, e0, e1, &ms), FS_ERR_NOT_READY);
@@ -821,6 +822,7 @@ static void test_events(void **state)
     assert_int_equal(d->ops->last_native_error(d), FS_ERR_INVALID);
 
     assert_int_equal(fs_dev_call(d, event_sync, e1), FS_OK);
+    assert_int_equal(fs_dev_call(d, event_sync, blocking), FS_OK); /* right behind e1 */
     assert_int_equal(fs_sim_now_ns(d), 500 + copy_ns(G, 55e9));
     assert_int_equal(fs_dev_call(d, event_elapsed_ms, e0, e1, &ms), FS_OK);
     assert_float_equal(ms, (copy_ns(G, 55e9) / 1e6), 1e-6);
@@ -844,6 +846,7 @@ static void test_events(void **state)
     assert_int_equal(fs_dev_call(d, event_destroy, e0), FS_ERR_INVALID);
     assert_int_equal(fs_dev_call(d, event_destroy, e1), FS_OK);
     assert_int_equal(fs_dev_call(d, event_destroy, plain), FS_OK);
+    assert_int_equal(fs_dev_call(d, event_destroy, blocking), FS_OK);
     assert_int_equal(fs_dev_call(d, stream_destroy, s), FS_OK);
     buf_free(d, &dv);
     buf_free(d, &hv);
