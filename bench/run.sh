@@ -36,6 +36,9 @@
 #   SIM_STRATEGY=adaptive  strategy of `flexshim-profile simulate` (the one the shim runs; "all"
 #                      for the four)
 #   DECODE_CUDNN_SDPA=1  decode with PyTorch's cuDNN attention (off by default: bench.py says why)
+#   CPUS=              run every python process under `taskset -c CPUS` (decode is bound by the
+#                      queueing thread: one process on a busy or slow core makes a launch-bound
+#                      row slow, as bench.py's import_s shows)
 #   FAKE=1             no GPU: bench.py makes numbers up (marked fake); tests this script here
 #
 # Output in $OUT (at most 8 files come back from the GPU machine; these are 7):
@@ -91,6 +94,11 @@ JSONL=$OUT/bench.jsonl
 BENCH_ARGS=()
 [ "$FAKE" = 1 ] && BENCH_ARGS=(--fake --fake-sleep "${FAKE_SLEEP:-1}")
 [ "${DECODE_CUDNN_SDPA:-0}" = 1 ] && BENCH_ARGS+=(--cudnn-sdpa)
+PIN=()
+if [ -n "${CPUS:-}" ]; then
+    taskset -c "$CPUS" true || { echo "run.sh: CPUS=$CPUS is not a CPU list taskset accepts (e.g. CPUS=4-11)"; exit 2; }
+    PIN=(taskset -c "$CPUS")
+fi
 
 has() { case " $SYSTEMS " in *" $1 "*) return 0 ;; *) return 1 ;; esac; }
 # The shim's systems: flexshim, and flexshim_MODE run with FLEXTENSOR_OFFLOAD_MODE=MODE from the
@@ -161,7 +169,7 @@ run_one() {
     echo "---- $name: $system, $workload, ${pct}% (${BUDGET_MIB[$pct]:-?} MiB), $kind;" \
         "timeout ${t}s, ${l}s left [$(date -u +%H:%M:%S)]"
     t0=$SECONDS
-    BENCH_T0=$(date +%s.%N) timeout -k 10 "$t" "$@" "$PY" bench/bench.py --system "$system" \
+    BENCH_T0=$(date +%s.%N) timeout -k 10 "$t" "${PIN[@]}" "$@" "$PY" bench/bench.py --system "$system" \
         --workload "$workload" --model "$MODEL" --budget-pct "$pct" --kind "$kind" \
         --result "$res" --run-id "$RUN_ID" --name "$name" --headroom-from "$JSONL" \
         "${BENCH_ARGS[@]}" 2>&1 | tee "$out"
@@ -202,6 +210,7 @@ preamble() {
     local gpu="FAKE (no GPU)" driver=
     local knobs="MODEL=$MODEL WORKLOADS='$WORKLOADS' BUDGETS='$BUDGETS' SYSTEMS='$SYSTEMS'"
     [ "${DECODE_CUDNN_SDPA:-0}" = 1 ] && knobs="DECODE_CUDNN_SDPA=1 $knobs"
+    [ -n "${CPUS:-}" ] && knobs="CPUS=$CPUS $knobs"
     if [ "$FAKE" != 1 ]; then
         nvidia-smi --query-gpu=name,driver_version,memory.total,memory.used --format=csv 2>&1
         nvidia-smi --query-compute-apps=pid,used_memory --format=csv 2>&1

@@ -458,6 +458,10 @@ expect "overhead.sh: and says so" "$tmp/o" "^---- TIME_LIMIT=3: round 1's noshim
 FAKE=1 TIME_LIMIT=0 PROFILE="$tmp/prof.json" OUT="$tmp/ovt3" bash bench/overhead.sh >"$tmp/o" 2>&1; rc=$?
 expect_rc "overhead.sh: TIME_LIMIT=0 exits 2" 2 $rc "$tmp/o"
 expect "overhead.sh: and names the setting" "$tmp/o" 'TIME_LIMIT=0: seconds, a whole number'
+# bench/run.sh refuses a CPU list taskset does not take, before any run (FAKE=1).
+FAKE=1 CPUS=zz MODEL=1b OUT="$tmp/runcpus" bash bench/run.sh >"$tmp/o" 2>&1; rc=$?
+expect_rc "run.sh: CPUS=zz exits 2" 2 $rc "$tmp/o"
+expect "run.sh: and names the setting" "$tmp/o" 'CPUS=zz is not a CPU list'
 # bench/device_ab.sh: overhead.sh packed into one archive (a gzipped profile, FAKE=1).
 gzip -c "$tmp/prof.json" >"$tmp/prof.json.gz"
 FAKE=1 NAME=ab1 PROFILE="$tmp/prof.json.gz" OUT="$tmp/dab" ROUNDS=1 SIDES="noshim shim" bash bench/device_ab.sh >"$tmp/o" 2>&1; rc=$?
