@@ -57,8 +57,8 @@ FS_PARAM(MIN_OFFLOAD_BYTES, FS_PT_SIZE, "8MiB", 0, 64 * FS_TIB, NULL,           
     "Allocations smaller than this pass through and always stay on the device.")                   \
 FS_PARAM(REMAP_SAFETY, FS_PT_ENUM, "strict", 0, 0, "strict|tracked",                           \
     "strict: a remap first waits for all queued GPU work (safe for pointers kept in device memory); tracked: only for launches that referenced the allocation.") \
-FS_PARAM(COPY_WAIT, FS_PT_ENUM, "context", 0, 0, "context|block",                               \
-    "How the engine waits on the events of its asynchronous moves (REMAP_SAFETY=tracked) and of the launches a move waits for: context (as the CUDA context schedules, normally a spin: the soonest wake-up, a CPU core busy while copies run) or block (sleep until done: the core is free, each wait ends a little later; on an H100 the process used 5-8x less CPU, steps from 2.5% faster to 0.65% slower). Stream and device synchronizes always follow the context.") \
+FS_PARAM(COPY_WAIT, FS_PT_ENUM, "context", 0, 0, "context|block|predict",                               \
+    "How the engine waits on the events of its asynchronous moves (REMAP_SAFETY=tracked) and of the launches a move waits for: context (as the CUDA context schedules, normally a spin: the soonest wake-up, a CPU core busy while copies run) or block (sleep until done: the core is free, each wait ends a little later; on an H100 the process used 5-8x less CPU, steps from 2.5% faster to 0.65% slower) or predict (with a profile: sleep through the first 80% of the time the profile's link model predicts for each copy, then wait as the context does). Stream and device synchronizes always follow the context.") \
 FS_PARAM(WRITEBACK, FS_PT_ENUM, "fingerprint", 0, 0, "fingerprint|always",                       \
     "fingerprint: an eviction skips copying data back to host when a 128-bit fingerprint shows it unchanged since the host copy was made; always: copy every time.") \
 FS_PARAM(MEMINFO_VIEW, FS_PT_ENUM, "budget", 0, 0, "budget|device",                            \

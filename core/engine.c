@@ -375,6 +375,7 @@ static int start_locked(int want, struct fs_profile *loaded)
         .strict_remap = fs_config_u64(cfg, FS_P_REMAP_SAFETY) == 0,
         .fingerprint = fs_config_u64(cfg, FS_P_WRITEBACK) == 0,
         .blocking_waits = fs_config_u64(cfg, FS_P_COPY_WAIT) == 1,
+        .predicted_waits = fs_config_u64(cfg, FS_P_COPY_WAIT) == 2,
     };
     rc = fs_res_init(&eng.res, eng.dev, &rcfg);
     if (rc != FS_OK) {
@@ -976,6 +977,10 @@ void fs_engine_shutdown(void)
     FS_INFO("write-back: %llu evictions skipped it (fingerprint unchanged, %llu bytes); %llu "
             "fingerprints taken", (unsigned long long)s.res.clean_evictions,
             (unsigned long long)s.res.clean_bytes, (unsigned long long)s.res.fingerprints);
+    if (s.res.predicted_sleeps)
+        FS_INFO("copy waits: %llu slept through the predicted part of their copy, %llu of them "
+                "past its end (COPY_WAIT=predict)", (unsigned long long)s.res.predicted_sleeps,
+                (unsigned long long)s.res.overslept);
     FS_INFO("launches: %llu seen, %llu referencing managed memory, %llu unknown (parameters "
             "unreadable), %llu layout queries; tracking paused %llu and resumed %llu times (%llu "
             "allocations frozen on the device, %llu of them in plain device memory)",

@@ -727,6 +727,8 @@ int fs_exec_install(struct fs_executor *x, struct fs_profile *p)
         role[a] = e->resident ? FS_PLAN_KEPT : off | (host_first ? FS_PLAN_START_ON_HOST : 0);
     }
     fs_res_set_plan_roles(x->res, role, sp->nallocs);
+    fs_res_set_link(x->res, sp->bw.h2d_latency_us, sp->bw.h2d_bytes_per_us, sp->bw.d2h_latency_us,
+                    sp->bw.d2h_bytes_per_us);
     pthread_mutex_lock(&x->lock);
     free_plan(x);
     x->prof = staged.prof;

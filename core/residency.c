@@ -3,6 +3,7 @@
 #include <sched.h>
 #include <stdlib.h>
 #include <string.h>
+#include <time.h>
 
 #include "log.h"
 #include "run_trace.h"
@@ -222,6 +223,7 @@ int fs_res_init(struct fs_residency *res, struct fs_device *dev, const struct fs
     }
     res->background_pinning = cfg->background_pinning;
     res->wait_event_flags = cfg->blocking_waits ? FS_EVENT_BLOCKING : 0;
+    res->predicted_waits = cfg->predicted_waits;
     return FS_OK;
 fail_h2d:
     fs_dev_call(dev, stream_destroy, res->h2d);
@@ -1278,6 +1280,31 @@ static int move_origin(const struct fs_res_move *m)
 
 /* Eviction: compare fingerprints first when the host copy has one, else copy right away (from
  * the device block: A's VA shows host memory when A is staged). */
+void fs_res_set_link(struct fs_residency *res, double h2d_latency_us, double h2d_bytes_per_us,
+                     double d2h_latency_us, double d2h_bytes_per_us)
+{
+    pthread_mutex_lock(&res->lock);
+    const double lat[2] = {h2d_latency_us, d2h_latency_us}, bw[2] = {h2d_bytes_per_us,
+                                                                     d2h_bytes_per_us};
+    for (int d = 0; d < 2; d++) {
+        bool ok = bw[d] > 0 && lat[d] >= 0;
+        res->link[d].latency_ns = ok ? lat[d] * 1e3 : 0;
+        res->link[d].ns_per_byte = ok ? 1e3 / bw[d] : 0;
+    }
+    pthread_mutex_unlock(&res->lock);
+}
+
+/* COPY_WAIT=predict: M's copy of BYTES was just queued in direction DIR: its duration on the
+ * link model. Lock held. */
+static void predict_copy(struct fs_residency *res, struct fs_res_move *m, int dir, uint64_t bytes)
+{
+    const struct fs_res_link *l = &res->link[dir];
+    m->t_queued_ns = fs_now_ns();
+    m->copy_ns = res->predicted_waits && l->ns_per_byte > 0
+                     ? (uint64_t)(l->latency_ns + (double)bytes * l->ns_per_byte)
+                     : 0;
+}
+
 static int move_begin_evict(struct fs_residency *res, struct fs_res_move *m)
 {
     struct fs_alloc *a = m->a;
@@ -1326,6 +1353,7 @@ int fs_res_move_begin(struct fs_residency *res, uint64_t id, bool evict, struct 
     m->failed_rc = FS_OK;
     m->block = NULL;
     m->t_begin_ns = fs_now_ns();
+    m->copy_ns = 0;
     if (evict) {
         if (!a->host) {
             struct fs_block *b;
@@ -1368,11 +1396,15 @@ int fs_res_move_begin(struct fs_residency *res, uint64_t id, bool evict, struct 
             rc = move_begin_evict(res, m);
             if (rc == FS_OK)
                 rc = fs_dev_call(res->dev, event_record, m->ev, res->d2h);
+            if (rc == FS_OK && !m->comparing) /* a fingerprint alone is no copy to predict */
+                predict_copy(res, m, FS_LINK_D2H, a->mapped);
         } else {
             /* Block to block, not from A's VA: the VA may be remapped while this runs. */
             rc = fs_block_copy(res->dev, m->block, a->host->copy_va, a->mapped, true, res->h2d);
             if (rc == FS_OK)
                 rc = fs_dev_call(res->dev, event_record, m->ev, res->h2d);
+            if (rc == FS_OK)
+                predict_copy(res, m, FS_LINK_H2D, a->mapped);
             if (rc == FS_OK && a->fp_valid) {
                 /* The copy is of a host copy whose fingerprint is known: nothing wrote it since
                  * (a launch served from host memory forgets it), and moves begin here only in
@@ -1450,12 +1482,45 @@ int fs_res_move_map(struct fs_residency *res, struct fs_res_move *m)
     return FS_OK;
 }
 
+/* COPY_WAIT=predict: sleep through 80% of M's predicted copy, from when it began at the
+ * earliest: when it was queued, or when the copy before it on its stream was seen to end (its
+ * finisher ends them in order). The last stretch is left to the context's wait, so a link a
+ * little faster than the model still finds the waiter awake; sleeps shorter than
+ * PREDICT_MIN_SLEEP_NS are not worth a wake-up. Returns whether the copy was still running when
+ * the wait began (its end is then seen as it happens). */
+#define PREDICT_MIN_SLEEP_NS 100000
+static bool sleep_before_wait(struct fs_residency *res, struct fs_res_move *m, uint64_t now)
+{
+    if (fs_dev_call(res->dev, event_query, move_done_ev(m)) != FS_ERR_NOT_READY)
+        return false;
+    uint64_t prev_end = LOAD(&res->link[m->evict ? FS_LINK_D2H : FS_LINK_H2D].last_end_ns);
+    uint64_t began = prev_end > m->t_queued_ns ? prev_end : m->t_queued_ns;
+    uint64_t wake = began + m->copy_ns / 5 * 4;
+    if (!m->copy_ns || wake < now + PREDICT_MIN_SLEEP_NS)
+        return true;
+    uint64_t ns = wake - now;
+    nanosleep(&(struct timespec){.tv_sec = (time_t)(ns / 1000000000u),
+                                 .tv_nsec = (long)(ns % 1000000000u)},
+              NULL);
+    __atomic_fetch_add(&res->stats.predicted_sleeps, 1, __ATOMIC_RELAXED);
+    if (fs_dev_call(res->dev, event_query, move_done_ev(m)) != FS_ERR_NOT_READY) {
+        __atomic_fetch_add(&res->stats.overslept, 1, __ATOMIC_RELAXED);
+        return false;
+    }
+    return true;
+}
+
 static int move_wait(struct fs_residency *res, struct fs_res_move *m, bool wait)
 {
     if (!wait)
         return fs_dev_call(res->dev, event_query, move_done_ev(m));
     uint64_t t0 = fs_now_ns();
+    bool predicting = res->predicted_waits;
+    bool seen_end = predicting && sleep_before_wait(res, m, t0);
     int rc = fs_dev_call(res->dev, event_sync, move_done_ev(m));
+    if (predicting) /* the copy's own event on its stream, whose end was seen: the next anchor */
+        STORE(&res->link[m->evict ? FS_LINK_D2H : FS_LINK_H2D].last_end_ns,
+              rc == FS_OK && seen_end && !m->fp_side ? fs_now_ns() : 0);
     fs_rt_span(FS_RT_COPY_WAIT, m->a->id, m->a->mapped, t0, fs_now_ns());
     return rc;
 }
@@ -1545,7 +1610,12 @@ static int move_copy_done(struct fs_residency *res, struct fs_res_move *m, bool 
         rc = fs_block_copy(res->dev, a->host, a->dev->copy_va, a->mapped, true, res->d2h);
         if (rc == FS_OK)
             rc = fs_dev_call(res->dev, event_record, m->ev, res->d2h);
-        return rc == FS_OK ? move_wait(res, m, wait) : rc;
+        if (rc != FS_OK)
+            return rc;
+        pthread_mutex_lock(&res->lock);
+        predict_copy(res, m, FS_LINK_D2H, a->mapped);
+        pthread_mutex_unlock(&res->lock);
+        return move_wait(res, m, wait);
     }
     if (m->fp_queued && !m->fp_known) {
         m->fp = fs_fp_combine(m->parts);

@@ -125,6 +125,9 @@ struct fs_res_stats {
     uint64_t early_maps;              /* prefetches mapped at their VA before the copy landed */
     uint64_t ordered_waits;           /* launches that waited for such a copy on their stream */
     uint64_t failures;                /* internal failures that fell back (logged) */
+    /* COPY_WAIT=predict: waits that slept before waiting on the copy's event, and those whose
+     * copy had already ended when the sleep did (the prediction was late; atomic) */
+    uint64_t predicted_sleeps, overslept;
     uint64_t frozen;                  /* allocations never moved again (fs_res_freeze) */
     uint64_t plain_made;  /* allocations given plain device memory (fs_alloc.plain) */
     uint64_t plain_bytes; /* live plain device memory (the device pool's outside bytes) */
@@ -174,6 +177,14 @@ struct fs_residency {
     pthread_mutex_t ev_lock; /* guards free_events only */
     struct fs_shared_event *free_events;
     unsigned wait_event_flags; /* event_create flags of the events the engine waits on */
+    /* COPY_WAIT=predict: the link model per direction (FS_LINK_H2D, FS_LINK_D2H; 0 ns a byte:
+     * none, no sleeps; lock), and when a finisher last saw a copy of that stream end while it
+     * waited (0: not seen; atomic): the next copy began no earlier */
+    bool predicted_waits;
+    struct fs_res_link {
+        double latency_ns, ns_per_byte;
+        uint64_t last_end_ns;
+    } link[2];
     struct fs_res_stats stats;
     /* background pinning: host blocks for the allocations the budget will push out (one
      * thread: the driver makes pinned host memory at about 4 GB/s however many threads ask,
@@ -194,7 +205,9 @@ struct fs_res_config {
     bool strict_remap;       /* REMAP_SAFETY=strict */
     bool fingerprint;        /* WRITEBACK=fingerprint: skip the write-back of unchanged data */
     bool blocking_waits;     /* COPY_WAIT=block: waits on the engine's events sleep */
+    bool predicted_waits;    /* COPY_WAIT=predict: sleep through most of a predicted copy */
 };
+enum { FS_LINK_H2D, FS_LINK_D2H };
 
 int fs_res_init(struct fs_residency *res, struct fs_device *dev, const struct fs_res_config *cfg);
 /* Frees everything (the program's allocations included): only at shutdown. */
@@ -266,6 +279,10 @@ void fs_res_set_plan_roles(struct fs_residency *res, uint8_t *role, int n);
  * during the program's start find their pinned memory ready instead of pinning on demand. A
  * second call replaces what is left of the first; without the background pinner, nothing. */
 void fs_res_prepin(struct fs_residency *res, const uint64_t *sizes, int n);
+/* COPY_WAIT=predict: the link model the waits predict copies with (a profile's, measured on this
+ * machine's link: fs_bw_model's latency and bytes per microsecond of each direction). */
+void fs_res_set_link(struct fs_residency *res, double h2d_latency_us, double h2d_bytes_per_us,
+                     double d2h_latency_us, double d2h_bytes_per_us);
 
 /* Asynchronous moves, for the plan's mover: several can be in flight, so write-backs,
  * prefetches and remaps overlap (both link directions busy; the CPU remaps one allocation while
@@ -309,6 +326,9 @@ struct fs_res_move {
     struct fs_fp fp;
     struct fs_block *block; /* prefetch: the device block being filled */
     uint64_t t_begin_ns;
+    /* COPY_WAIT=predict: the copy's predicted duration on the link (0: none to predict) and
+     * when it was queued */
+    uint64_t copy_ns, t_queued_ns;
 };
 
 /* FS_OK: started, finish with fs_res_move_end. FS_RES_NOTHING; FS_ERR_NOT_FOUND (freed);

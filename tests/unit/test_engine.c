@@ -14,9 +14,13 @@
 
 static int tracker_paused; /* the PAUSE_TRACKING tests' tracker (below) */
 
+static double sim_link_bytes_per_s; /* the simulated link's rate both ways; 0: the default */
+
 static struct fs_device *open_sim(void)
 {
-    struct fs_sim_config cfg = {.device_bytes = 2048 * MIB, .host_phys_supported = true};
+    struct fs_sim_config cfg = {.device_bytes = 2048 * MIB, .host_phys_supported = true,
+                                .h2d_bytes_per_s = sim_link_bytes_per_s,
+                                .d2h_bytes_per_s = sim_link_bytes_per_s};
     struct fs_device *dev;
     assert_int_equal(fs_sim_open(&cfg, &dev), FS_OK);
     return dev;
@@ -722,6 +726,37 @@ static void test_copy_wait_block(void **state)
     /* Two a copy slot (its copy's and its fingerprint's), and the launches' shared events. */
     assert_true(sim.blocking_events_made > 2 * FS_EXEC_MOVES_INFLIGHT);
     stop(dev);
+    unlink(path);
+}
+
+/* COPY_WAIT=predict: the finishers sleep through the part of each copy the profile's link model
+ * predicts, then wait on its event; the plan runs as before. The link is slowed to 5 GB/s, so
+ * that the weights' 2 MiB copies (0.4 ms) are long enough to sleep through. (Whether the sleep
+ * ends before the copy does is the GPU's to show: the simulated device's clock is not the
+ * host's.) */
+static void test_copy_wait_predict(void **state)
+{
+    (void)state;
+    char path[64];
+    fresh_path(path, sizeof(path));
+    sim_link_bytes_per_s = 5e9;
+    record_profile_fresh(path, "FLEXTENSOR_GPU_MEMORY_LIMIT=64MiB", 0); /* not a cached one */
+    uint64_t w[L], act;
+    struct fs_device *dev = start_from_profile(path, "FLEXTENSOR_COPY_WAIT=predict", w, &act);
+    enum { ITERS = 20 };
+    assert_int_equal(run_program(dev, w, L, act, ITERS), 0);
+    fs_engine_drain_moves();
+    struct fs_engine_stats st;
+    fs_engine_get_stats(&st);
+    assert_int_equal(st.exec.plans, 1);
+    assert_true(st.exec.prefetches >= ITERS);
+    assert_int_equal(st.exec.move_failures, 0);
+    assert_true(st.res.predicted_sleeps > 0);
+    struct fs_sim_stats sim;
+    fs_sim_get_stats(dev, &sim);
+    assert_int_equal(sim.blocking_events_made, 0); /* it waits as the context does */
+    stop(dev);
+    sim_link_bytes_per_s = 0;
     unlink(path);
 }
 
@@ -1578,6 +1613,7 @@ int main(void)
         cmocka_unit_test(test_marked_iterations),
         cmocka_unit_test(test_plan_runs_from_saved_profile),
         cmocka_unit_test(test_copy_wait_block),
+        cmocka_unit_test(test_copy_wait_predict),
         cmocka_unit_test(test_same_program),
         cmocka_unit_test(test_early_start),
         cmocka_unit_test(test_plan_places_new_allocations),
