@@ -1109,6 +1109,7 @@ def main(argv=None):
         "shim_loaded": shimlog.loaded(),
         "shim_env": {k: v for k, v in sorted(os.environ.items()) if k.startswith("FLEXTENSOR_")},
         "time": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
+        "cpus": sorted(os.sched_getaffinity(0)),  # the cores it may run on (run.sh's CPUS)
     }
     if args.system in SHIM_SYSTEMS and not res["shim_loaded"] and not args.fake:
         res.setdefault("notes", []).append("libflexshim.so is NOT loaded in this process")

@@ -53,7 +53,13 @@ decode | prefill) ;;
 *) echo "overhead.sh: WORKLOAD=$WORKLOAD: decode or prefill" >&2; exit 2 ;;
 esac
 PIN=()
-[ -n "${CPUS:-}" ] && PIN=(taskset -c "$CPUS")
+if [ -n "${CPUS:-}" ]; then
+    if ! taskset -c "$CPUS" true 2>/dev/null; then
+        echo "overhead.sh: CPUS=$CPUS is not a CPU list taskset accepts (e.g. CPUS=4-11)" >&2
+        exit 2
+    fi
+    PIN=(taskset -c "$CPUS")
+fi
 if [ -n "${TIME_LIMIT:-}" ] && ! [[ $TIME_LIMIT =~ ^[1-9][0-9]*$ ]]; then
     echo "overhead.sh: TIME_LIMIT=$TIME_LIMIT: seconds, a whole number (e.g. TIME_LIMIT=280)" >&2
     exit 2
@@ -154,7 +160,8 @@ for r in $(seq 1 "$ROUNDS"); do
                 esac
         fi
         t0=$SECONDS rc=0
-        "${limit[@]}" "${envs[@]}" "${PIN[@]}" "$PY" bench/bench.py --system "$system" \
+        # taskset before the environment: only python gets the preloads
+        "${limit[@]}" "${PIN[@]}" "${envs[@]}" "$PY" bench/bench.py --system "$system" \
             --workload "$WORKLOAD" --model "$MODEL" --budget-pct "$pct" --iters "$ITERS" \
             --result "$base.json" "${extra[@]}" "${ARGS[@]}" "${BENCH_ARGS[@]}" >"$base.out" 2>&1 ||
             rc=$?

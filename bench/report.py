@@ -588,7 +588,7 @@ def table_text(a):
                              f"max(C, G {fmt(x['G_ms'])} + (B - P)/W) ms: G = host time "
                              f"before {x.get('G_at')}"])
         body.append([r["model"], r["workload"], budget, r["system"], fmt(r["step_ms"]),
-                     fmt(r.get("ratio_to_L"), ".2f"), r["identical"],
+                     fmt(r.get("ratio_to_L"), ".3f"), r["identical"],  # as stored: no second rounding
                      str(r.get("timed_steps", "-")), gib(r.get("peak_reserved_bytes"))
                      if r["system"] not in SHIM_SYSTEMS else "-",
                      "; ".join(r["notes"] + ([r["limit_from"]] if r.get("limit_from") else []))])

@@ -36,7 +36,7 @@
 #   SIM_STRATEGY=adaptive  strategy of `flexshim-profile simulate` (the one the shim runs; "all"
 #                      for the four)
 #   DECODE_CUDNN_SDPA=1  decode with PyTorch's cuDNN attention (off by default: bench.py says why)
-#   CPUS=              run every python process under `taskset -c CPUS` (decode is bound by the
+#   CPUS=              run every bench.py process under `taskset -c CPUS` (decode is bound by the
 #                      queueing thread: one process on a busy or slow core makes a launch-bound
 #                      row slow, as bench.py's import_s shows)
 #   FAKE=1             no GPU: bench.py makes numbers up (marked fake); tests this script here
@@ -87,6 +87,14 @@ TOOL=$ROOT/dist/bin/flexshim-profile
 START_S=$(date +%s)
 DEADLINE_S=$((START_S + TOTAL_BUDGET_S))
 RUN_ID=$(date -u +%Y%m%dT%H%M%SZ)-$$
+PIN=()
+if [ -n "${CPUS:-}" ]; then
+    if ! taskset -c "$CPUS" true 2>/dev/null; then
+        echo "run.sh: CPUS=$CPUS is not a CPU list taskset accepts (e.g. CPUS=4-11)" >&2
+        exit 2
+    fi
+    PIN=(taskset -c "$CPUS")
+fi
 WORK=$(mktemp -d "${TMPDIR:-/tmp}/flexshim-bench.XXXXXX") || exit 1
 LOGS=$WORK/logs
 mkdir -p "$LOGS"
@@ -94,11 +102,6 @@ JSONL=$OUT/bench.jsonl
 BENCH_ARGS=()
 [ "$FAKE" = 1 ] && BENCH_ARGS=(--fake --fake-sleep "${FAKE_SLEEP:-1}")
 [ "${DECODE_CUDNN_SDPA:-0}" = 1 ] && BENCH_ARGS+=(--cudnn-sdpa)
-PIN=()
-if [ -n "${CPUS:-}" ]; then
-    taskset -c "$CPUS" true || { echo "run.sh: CPUS=$CPUS is not a CPU list taskset accepts (e.g. CPUS=4-11)"; exit 2; }
-    PIN=(taskset -c "$CPUS")
-fi
 
 has() { case " $SYSTEMS " in *" $1 "*) return 0 ;; *) return 1 ;; esac; }
 # The shim's systems: flexshim, and flexshim_MODE run with FLEXTENSOR_OFFLOAD_MODE=MODE from the

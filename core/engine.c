@@ -977,7 +977,7 @@ void fs_engine_shutdown(void)
     FS_INFO("write-back: %llu evictions skipped it (fingerprint unchanged, %llu bytes); %llu "
             "fingerprints taken", (unsigned long long)s.res.clean_evictions,
             (unsigned long long)s.res.clean_bytes, (unsigned long long)s.res.fingerprints);
-    if (s.res.predicted_sleeps)
+    if (eng.res.predicted_waits)
         FS_INFO("copy waits: %llu slept through the predicted part of their copy, %llu of them "
                 "past its end (COPY_WAIT=predict)", (unsigned long long)s.res.predicted_sleeps,
                 (unsigned long long)s.res.overslept);

@@ -3,6 +3,7 @@
 #include <sched.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/prctl.h>
 #include <time.h>
 
 #include "log.h"
@@ -1278,33 +1279,54 @@ static int move_origin(const struct fs_res_move *m)
     return !m->evict ? FS_RES_HOST : m->staged ? FS_RES_STAGED : FS_RES_DEVICE;
 }
 
-/* Eviction: compare fingerprints first when the host copy has one, else copy right away (from
- * the device block: A's VA shows host memory when A is staged). */
+/* A link model outside these bounds is no measurement of a real link (a profile edited by hand,
+ * or measured wrong): waits do not sleep on it. */
+#define LINK_MIN_BYTES_PER_US 1e3  /* 1 GB/s */
+#define LINK_MAX_BYTES_PER_US 1e7  /* 10 TB/s */
+#define LINK_MAX_LATENCY_US 1e4    /* 10 ms */
+
 void fs_res_set_link(struct fs_residency *res, double h2d_latency_us, double h2d_bytes_per_us,
                      double d2h_latency_us, double d2h_bytes_per_us)
 {
+    const double lat[2] = {[FS_LINK_H2D] = h2d_latency_us, [FS_LINK_D2H] = d2h_latency_us};
+    const double bw[2] = {[FS_LINK_H2D] = h2d_bytes_per_us, [FS_LINK_D2H] = d2h_bytes_per_us};
+    bool all_ok = true;
     pthread_mutex_lock(&res->lock);
-    const double lat[2] = {h2d_latency_us, d2h_latency_us}, bw[2] = {h2d_bytes_per_us,
-                                                                     d2h_bytes_per_us};
     for (int d = 0; d < 2; d++) {
-        bool ok = bw[d] > 0 && lat[d] >= 0;
+        bool ok = bw[d] >= LINK_MIN_BYTES_PER_US && bw[d] <= LINK_MAX_BYTES_PER_US &&
+                  lat[d] >= 0 && lat[d] <= LINK_MAX_LATENCY_US;
         res->link[d].latency_ns = ok ? lat[d] * 1e3 : 0;
         res->link[d].ns_per_byte = ok ? 1e3 / bw[d] : 0;
+        all_ok &= ok;
     }
     pthread_mutex_unlock(&res->lock);
+    if (res->predicted_waits && !all_ok)
+        FS_INFO("COPY_WAIT=predict: the profile's link model (host to device %.0f bytes/us after "
+                "%.1f us, device to host %.0f after %.1f) is not a plausible link; copy waits of "
+                "that direction wait as the context does (record the profile again on this "
+                "machine)", h2d_bytes_per_us, h2d_latency_us, d2h_bytes_per_us, d2h_latency_us);
 }
 
-/* COPY_WAIT=predict: M's copy of BYTES was just queued in direction DIR: its duration on the
- * link model. Lock held. */
-static void predict_copy(struct fs_residency *res, struct fs_res_move *m, int dir, uint64_t bytes)
+/* COPY_WAIT=predict: how long a copy of BYTES in direction DIR takes on the link model (0: no
+ * model). Lock held. */
+static uint64_t predicted_copy_ns(const struct fs_residency *res, int dir, uint64_t bytes)
 {
     const struct fs_res_link *l = &res->link[dir];
-    m->t_queued_ns = fs_now_ns();
-    m->copy_ns = res->predicted_waits && l->ns_per_byte > 0
-                     ? (uint64_t)(l->latency_ns + (double)bytes * l->ns_per_byte)
-                     : 0;
+    if (!res->predicted_waits || l->ns_per_byte <= 0)
+        return 0;
+    double ns = l->latency_ns + (double)bytes * l->ns_per_byte;
+    return ns < 1e12 ? (uint64_t)ns : 0; /* over 1000 s: no copy; not worth predicting */
 }
 
+uint64_t fs_res_copy_wake_ns(uint64_t queued_ns, uint64_t prev_end_ns, uint64_t copy_ns)
+{
+    uint64_t began = prev_end_ns > queued_ns ? prev_end_ns : queued_ns;
+    uint64_t margin = copy_ns / 5 > FS_COPY_WAKE_MARGIN_NS ? copy_ns / 5 : FS_COPY_WAKE_MARGIN_NS;
+    return copy_ns > margin ? began + copy_ns - margin : 0;
+}
+
+/* Eviction: compare fingerprints first when the host copy has one, else copy right away (from
+ * the device block: A's VA shows host memory when A is staged). */
 static int move_begin_evict(struct fs_residency *res, struct fs_res_move *m)
 {
     struct fs_alloc *a = m->a;
@@ -1316,6 +1338,7 @@ static int move_begin_evict(struct fs_residency *res, struct fs_res_move *m)
         return FS_OK;
     }
     a->fp_valid = false;
+    m->t_queued_ns = fs_now_ns();
     int rc = fs_block_copy(res->dev, a->host, src, a->mapped, true, res->d2h);
     if (rc == FS_OK)
         move_queue_fp(res, m, src, res->d2h);
@@ -1352,8 +1375,9 @@ int fs_res_move_begin(struct fs_residency *res, uint64_t id, bool evict, struct 
     m->staged = evict ? LOAD(&a->state) == FS_RES_STAGED : plan_role(res, a) == FS_PLAN_STAGED;
     m->failed_rc = FS_OK;
     m->block = NULL;
-    m->t_begin_ns = fs_now_ns();
-    m->copy_ns = 0;
+    m->t_begin_ns = m->t_queued_ns = fs_now_ns();
+    /* an eviction that compares fingerprints first copies the same bytes if the data changed */
+    m->copy_ns = predicted_copy_ns(res, evict ? FS_LINK_D2H : FS_LINK_H2D, a->mapped);
     if (evict) {
         if (!a->host) {
             struct fs_block *b;
@@ -1396,15 +1420,12 @@ int fs_res_move_begin(struct fs_residency *res, uint64_t id, bool evict, struct 
             rc = move_begin_evict(res, m);
             if (rc == FS_OK)
                 rc = fs_dev_call(res->dev, event_record, m->ev, res->d2h);
-            if (rc == FS_OK && !m->comparing) /* a fingerprint alone is no copy to predict */
-                predict_copy(res, m, FS_LINK_D2H, a->mapped);
         } else {
             /* Block to block, not from A's VA: the VA may be remapped while this runs. */
+            m->t_queued_ns = fs_now_ns();
             rc = fs_block_copy(res->dev, m->block, a->host->copy_va, a->mapped, true, res->h2d);
             if (rc == FS_OK)
                 rc = fs_dev_call(res->dev, event_record, m->ev, res->h2d);
-            if (rc == FS_OK)
-                predict_copy(res, m, FS_LINK_H2D, a->mapped);
             if (rc == FS_OK && a->fp_valid) {
                 /* The copy is of a host copy whose fingerprint is known: nothing wrote it since
                  * (a launch served from host memory forgets it), and moves begin here only in
@@ -1482,30 +1503,35 @@ int fs_res_move_map(struct fs_residency *res, struct fs_res_move *m)
     return FS_OK;
 }
 
-/* COPY_WAIT=predict: sleep through 80% of M's predicted copy, from when it began at the
- * earliest: when it was queued, or when the copy before it on its stream was seen to end (its
- * finisher ends them in order). The last stretch is left to the context's wait, so a link a
- * little faster than the model still finds the waiter awake; sleeps shorter than
- * PREDICT_MIN_SLEEP_NS are not worth a wake-up. Returns whether the copy was still running when
- * the wait began (its end is then seen as it happens). */
+/* COPY_WAIT=predict: sleep until M's copy is near its predicted end (fs_res_copy_wake_ns), in
+ * slices with a look at its event between them, so that a wrong model or a late wake-up costs
+ * at most a slice. A comparing eviction's wait is for its fingerprint, not for a copy. Sleeps
+ * shorter than PREDICT_MIN_SLEEP_NS are not worth a wake-up. Returns whether the copy was still
+ * running when the sleep ended (its end is then seen as it happens). */
 #define PREDICT_MIN_SLEEP_NS 100000
+#define PREDICT_SLICE_NS 2000000
 static bool sleep_before_wait(struct fs_residency *res, struct fs_res_move *m, uint64_t now)
 {
+    static __thread bool slack_set;
     if (fs_dev_call(res->dev, event_query, move_done_ev(m)) != FS_ERR_NOT_READY)
         return false;
     uint64_t prev_end = LOAD(&res->link[m->evict ? FS_LINK_D2H : FS_LINK_H2D].last_end_ns);
-    uint64_t began = prev_end > m->t_queued_ns ? prev_end : m->t_queued_ns;
-    uint64_t wake = began + m->copy_ns / 5 * 4;
-    if (!m->copy_ns || wake < now + PREDICT_MIN_SLEEP_NS)
+    uint64_t wake = m->comparing ? 0 : fs_res_copy_wake_ns(m->t_queued_ns, prev_end, m->copy_ns);
+    if (wake < now + PREDICT_MIN_SLEEP_NS)
         return true;
-    uint64_t ns = wake - now;
-    nanosleep(&(struct timespec){.tv_sec = (time_t)(ns / 1000000000u),
-                                 .tv_nsec = (long)(ns % 1000000000u)},
-              NULL);
+    if (!slack_set) {
+        /* The default timer slack (50 us) would eat most of the margin; a failure leaves it. */
+        slack_set = prctl(PR_SET_TIMERSLACK, 1000UL, 0UL, 0UL, 0UL) == 0;
+    }
     __atomic_fetch_add(&res->stats.predicted_sleeps, 1, __ATOMIC_RELAXED);
-    if (fs_dev_call(res->dev, event_query, move_done_ev(m)) != FS_ERR_NOT_READY) {
-        __atomic_fetch_add(&res->stats.overslept, 1, __ATOMIC_RELAXED);
-        return false;
+    for (; now < wake; now = fs_now_ns()) {
+        uint64_t ns = wake - now < PREDICT_SLICE_NS ? wake - now : PREDICT_SLICE_NS;
+        /* An interrupted sleep is only a shorter slice. */
+        nanosleep(&(struct timespec){.tv_nsec = (long)ns}, NULL);
+        if (fs_dev_call(res->dev, event_query, move_done_ev(m)) != FS_ERR_NOT_READY) {
+            __atomic_fetch_add(&res->stats.overslept, 1, __ATOMIC_RELAXED);
+            return false;
+        }
     }
     return true;
 }
@@ -1607,15 +1633,11 @@ static int move_copy_done(struct fs_residency *res, struct fs_res_move *m, bool 
         if (m->clean)
             return FS_OK;
         a->fp_valid = false;
+        m->t_queued_ns = fs_now_ns();
         rc = fs_block_copy(res->dev, a->host, a->dev->copy_va, a->mapped, true, res->d2h);
         if (rc == FS_OK)
             rc = fs_dev_call(res->dev, event_record, m->ev, res->d2h);
-        if (rc != FS_OK)
-            return rc;
-        pthread_mutex_lock(&res->lock);
-        predict_copy(res, m, FS_LINK_D2H, a->mapped);
-        pthread_mutex_unlock(&res->lock);
-        return move_wait(res, m, wait);
+        return rc == FS_OK ? move_wait(res, m, wait) : rc;
     }
     if (m->fp_queued && !m->fp_known) {
         m->fp = fs_fp_combine(m->parts);
@@ -1776,6 +1798,9 @@ void fs_res_get_stats(struct fs_residency *res, struct fs_res_stats *out)
     pthread_mutex_lock(&res->lock);
     *out = res->stats;
     pthread_mutex_unlock(&res->lock);
+    /* counted by the finishers without the lock */
+    out->predicted_sleeps = __atomic_load_n(&res->stats.predicted_sleeps, __ATOMIC_RELAXED);
+    out->overslept = __atomic_load_n(&res->stats.overslept, __ATOMIC_RELAXED);
     out->device_bytes_held = fs_phys_pool_held(&res->dev_pool);
     out->device_bytes_peak = fs_phys_pool_held_peak(&res->dev_pool);
     out->plain_bytes = fs_phys_pool_outside(&res->dev_pool);

@@ -283,6 +283,13 @@ void fs_res_prepin(struct fs_residency *res, const uint64_t *sizes, int n);
  * machine's link: fs_bw_model's latency and bytes per microsecond of each direction). */
 void fs_res_set_link(struct fs_residency *res, double h2d_latency_us, double h2d_bytes_per_us,
                      double d2h_latency_us, double d2h_bytes_per_us);
+/* COPY_WAIT=predict: when a wait for a copy of COPY_NS (predicted) should wake, the copy having
+ * begun at the earliest when it was queued (QUEUED_NS) or when the copy before it on its stream
+ * was seen to end (PREV_END_NS, 0: not seen): FS_COPY_WAKE_MARGIN_NS or a fifth of the copy,
+ * whichever is more, before its predicted end, so that a link a little faster than the model
+ * and a late wake-up still find the waiter before the copy ends. 0: the copy is too short. */
+#define FS_COPY_WAKE_MARGIN_NS 150000
+uint64_t fs_res_copy_wake_ns(uint64_t queued_ns, uint64_t prev_end_ns, uint64_t copy_ns);
 
 /* Asynchronous moves, for the plan's mover: several can be in flight, so write-backs,
  * prefetches and remaps overlap (both link directions busy; the CPU remaps one allocation while
@@ -327,7 +334,7 @@ struct fs_res_move {
     struct fs_block *block; /* prefetch: the device block being filled */
     uint64_t t_begin_ns;
     /* COPY_WAIT=predict: the copy's predicted duration on the link (0: none to predict) and
-     * when it was queued */
+     * when it was queued (just before the copy) */
     uint64_t copy_ns, t_queued_ns;
 };
 

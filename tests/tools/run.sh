@@ -462,6 +462,16 @@ expect "overhead.sh: and names the setting" "$tmp/o" 'TIME_LIMIT=0: seconds, a w
 FAKE=1 CPUS=zz MODEL=1b OUT="$tmp/runcpus" bash bench/run.sh >"$tmp/o" 2>&1; rc=$?
 expect_rc "run.sh: CPUS=zz exits 2" 2 $rc "$tmp/o"
 expect "run.sh: and names the setting" "$tmp/o" 'CPUS=zz is not a CPU list'
+FAKE=1 CPUS=0 MODEL=1b WORKLOADS=decode BUDGETS=50 SYSTEMS=noshim TOTAL_BUDGET_S=60 OUT="$tmp/runcpus0" \
+    bash bench/run.sh >"$tmp/o" 2>&1; rc=$?
+expect_rc "run.sh: CPUS=0 exits 0" 0 $rc "$tmp/o"
+expect "run.sh: the run's command says CPUS=0" "$tmp/runcpus0/bench.jsonl" '"command": "CPUS=0 MODEL=1b'
+expect "run.sh: and its runs were on core 0 only" "$tmp/runcpus0/bench.jsonl" '"name": "noshim-decode".*"cpus": \[0\]'
+FAKE=1 CPUS=zz PROFILE="$tmp/prof.json" OUT="$tmp/ovc" bash bench/overhead.sh >"$tmp/o" 2>&1; rc=$?
+expect_rc "overhead.sh: CPUS=zz exits 2" 2 $rc "$tmp/o"
+FAKE=1 CPUS=0 PROFILE="$tmp/prof.json" OUT="$tmp/ovc0" ROUNDS=1 SIDES="noshim shim" bash bench/overhead.sh >"$tmp/o" 2>&1; rc=$?
+expect_rc "overhead.sh: CPUS=0 exits 0" 0 $rc "$tmp/o"
+expect "overhead.sh: and the shim's run was on core 0 only" "$tmp/ovc0/shim-1.json" '"cpus": \[0\]'
 # bench/device_ab.sh: overhead.sh packed into one archive (a gzipped profile, FAKE=1).
 gzip -c "$tmp/prof.json" >"$tmp/prof.json.gz"
 FAKE=1 NAME=ab1 PROFILE="$tmp/prof.json.gz" OUT="$tmp/dab" ROUNDS=1 SIDES="noshim shim" bash bench/device_ab.sh >"$tmp/o" 2>&1; rc=$?

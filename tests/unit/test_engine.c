@@ -733,16 +733,19 @@ static void test_copy_wait_block(void **state)
  * predicts, then wait on its event; the plan runs as before. The link is slowed to 5 GB/s, so
  * that the weights' 2 MiB copies (0.4 ms) are long enough to sleep through. (Whether the sleep
  * ends before the copy does is the GPU's to show: the simulated device's clock is not the
- * host's.) */
+ * host's; fs_res_copy_wake_ns's arithmetic is test_residency's.) */
+static char predict_path[64];
+
 static void test_copy_wait_predict(void **state)
 {
     (void)state;
-    char path[64];
-    fresh_path(path, sizeof(path));
+    fresh_path(predict_path, sizeof(predict_path));
     sim_link_bytes_per_s = 5e9;
-    record_profile_fresh(path, "FLEXTENSOR_GPU_MEMORY_LIMIT=64MiB", 0); /* not a cached one */
+    /* not a cached recording: those are of the default link */
+    record_profile_fresh(predict_path, "FLEXTENSOR_GPU_MEMORY_LIMIT=64MiB", 0);
     uint64_t w[L], act;
-    struct fs_device *dev = start_from_profile(path, "FLEXTENSOR_COPY_WAIT=predict", w, &act);
+    struct fs_device *dev = start_from_profile(predict_path, "FLEXTENSOR_COPY_WAIT=predict", w,
+                                               &act);
     enum { ITERS = 20 };
     assert_int_equal(run_program(dev, w, L, act, ITERS), 0);
     fs_engine_drain_moves();
@@ -756,8 +759,15 @@ static void test_copy_wait_predict(void **state)
     fs_sim_get_stats(dev, &sim);
     assert_int_equal(sim.blocking_events_made, 0); /* it waits as the context does */
     stop(dev);
+}
+
+/* Run even when the test fails: the later tests use the default link. */
+static int copy_wait_predict_teardown(void **state)
+{
+    (void)state;
     sim_link_bytes_per_s = 0;
-    unlink(path);
+    unlink(predict_path);
+    return 0;
 }
 
 /* Which command lines a profile's program stands for: the same command, options and script (or
@@ -1613,7 +1623,7 @@ int main(void)
         cmocka_unit_test(test_marked_iterations),
         cmocka_unit_test(test_plan_runs_from_saved_profile),
         cmocka_unit_test(test_copy_wait_block),
-        cmocka_unit_test(test_copy_wait_predict),
+        cmocka_unit_test_teardown(test_copy_wait_predict, copy_wait_predict_teardown),
         cmocka_unit_test(test_same_program),
         cmocka_unit_test(test_early_start),
         cmocka_unit_test(test_plan_places_new_allocations),

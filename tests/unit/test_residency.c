@@ -1,5 +1,6 @@
 /* The residency engine on the simulated device: budget, eviction with write-back, fault-in
  * before launches, the quiet-range rule, parameter scanning, failure injection, threads. */
+#include <math.h>
 #include <pthread.h>
 #include <string.h>
 #include <unistd.h>
@@ -833,6 +834,47 @@ static void test_eviction_gives_room_before_mapping_host(void **state)
     env_close(&e);
 }
 
+/* COPY_WAIT=predict: a move's copy is predicted from the link model (latency + bytes / rate)
+ * when it begins, none without a plausible model; the wake-up is a fifth of the copy, or
+ * FS_COPY_WAKE_MARGIN_NS, before its end, counted from the later of its queueing and the end of
+ * the copy before it, and none for a copy shorter than the margin. */
+static void test_copy_wait_prediction(void **state)
+{
+    (void)state;
+    const uint64_t ms = 1000000, margin = FS_COPY_WAKE_MARGIN_NS;
+    assert_int_equal(fs_res_copy_wake_ns(10 * ms, 0, ms), 10 * ms + ms - ms / 5);
+    assert_int_equal(fs_res_copy_wake_ns(10 * ms, 12 * ms, ms), 12 * ms + ms - ms / 5);
+    assert_int_equal(fs_res_copy_wake_ns(10 * ms, 9 * ms, ms), 10 * ms + ms - ms / 5);
+    assert_int_equal(fs_res_copy_wake_ns(10 * ms, 0, 500000), 10 * ms + 500000 - margin);
+    assert_int_equal(fs_res_copy_wake_ns(10 * ms, 0, margin), 0);
+    assert_int_equal(fs_res_copy_wake_ns(10 * ms, 0, 0), 0);
+
+    struct env e;
+    env_open(&e, 64 * MIB, false);
+    e.res.predicted_waits = true;
+    fs_res_set_link(&e.res, 5.0, 55000.0, 7.0, 50000.0); /* us, bytes/us */
+    fs_dptr v;
+    alloc_filled(&e, &v, 1, 16 * MIB);
+    struct fs_alloc *A = fs_res_lookup(&e.res, v);
+    struct fs_res_move m = {0};
+    move_init(&e, &m);
+    assert_int_equal(fs_res_move_begin(&e.res, A->id, true, &m), FS_OK);
+    double want = 7000.0 + 16.0 * MIB * 1000.0 / 50000.0; /* device to host */
+    assert_true(fabs((double)m.copy_ns - want) < 2.0);
+    assert_int_equal(fs_res_move_end(&e.res, &m, true), FS_OK);
+    assert_int_equal(fs_res_move_begin(&e.res, A->id, false, &m), FS_OK);
+    want = 5000.0 + 16.0 * MIB * 1000.0 / 55000.0;
+    assert_true(fabs((double)m.copy_ns - want) < 2.0);
+    assert_int_equal(fs_res_move_end(&e.res, &m, true), FS_OK);
+    /* A model no real link has: nothing is predicted. */
+    fs_res_set_link(&e.res, 5.0, 1e-12, 7.0, 1e-12);
+    assert_int_equal(fs_res_move_begin(&e.res, A->id, true, &m), FS_OK);
+    assert_int_equal(m.copy_ns, 0);
+    assert_int_equal(fs_res_move_end(&e.res, &m, true), FS_OK);
+    move_fini(&e, &m);
+    env_close(&e);
+}
+
 /* A prefetch of a quiet allocation maps the device block at the VA while its copy runs: a launch
  * then does not wait on the host (it runs on another thread here, joined with a deadline) but its
  * kernel runs after the copy on the device, and sees the copied data. */
@@ -1627,6 +1669,7 @@ int main(void)
         cmocka_unit_test(test_unknown_launch_ends_stages),
         cmocka_unit_test(test_clean_eviction_skips_write_back),
         cmocka_unit_test(test_write_back_always_without_fingerprints),
+        cmocka_unit_test(test_copy_wait_prediction),
         cmocka_unit_test(test_stress_strict),
         cmocka_unit_test(test_stress_tracked),
     };
