@@ -52,14 +52,6 @@ case $WORKLOAD in
 decode | prefill) ;;
 *) echo "overhead.sh: WORKLOAD=$WORKLOAD: decode or prefill" >&2; exit 2 ;;
 esac
-PIN=()
-if [ -n "${CPUS:-}" ]; then
-    if ! taskset -c "$CPUS" true 2>/dev/null; then
-        echo "overhead.sh: CPUS=$CPUS is not a CPU list taskset accepts (e.g. CPUS=4-11)" >&2
-        exit 2
-    fi
-    PIN=(taskset -c "$CPUS")
-fi
 if [ -n "${TIME_LIMIT:-}" ] && ! [[ $TIME_LIMIT =~ ^[1-9][0-9]*$ ]]; then
     echo "overhead.sh: TIME_LIMIT=$TIME_LIMIT: seconds, a whole number (e.g. TIME_LIMIT=280)" >&2
     exit 2
@@ -69,7 +61,8 @@ SHIM_LIB=$PWD/dist/lib/libflexshim.so
 SAMPLER_LIB=$PWD/dist/lib/libfs_sampler.so
 [ -f "$PROFILE" ] || { echo "overhead.sh: PROFILE=$PROFILE: no such file" >&2; exit 2; }
 # shellcheck source=bench/shim_env.sh
-. bench/shim_env.sh
+. bench/shim_env.sh # pin_cpus, shim_env
+pin_cpus overhead.sh || exit 2
 ARGS=()
 if [ "${FAKE:-0}" = 1 ]; then
     ARGS=(--fake)

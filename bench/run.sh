@@ -87,14 +87,9 @@ TOOL=$ROOT/dist/bin/flexshim-profile
 START_S=$(date +%s)
 DEADLINE_S=$((START_S + TOTAL_BUDGET_S))
 RUN_ID=$(date -u +%Y%m%dT%H%M%SZ)-$$
-PIN=()
-if [ -n "${CPUS:-}" ]; then
-    if ! taskset -c "$CPUS" true 2>/dev/null; then
-        echo "run.sh: CPUS=$CPUS is not a CPU list taskset accepts (e.g. CPUS=4-11)" >&2
-        exit 2
-    fi
-    PIN=(taskset -c "$CPUS")
-fi
+# shellcheck source=bench/shim_env.sh
+. "$ROOT/bench/shim_env.sh" # pin_cpus, shim_env
+pin_cpus run.sh || exit 2
 WORK=$(mktemp -d "${TMPDIR:-/tmp}/flexshim-bench.XXXXXX") || exit 1
 LOGS=$WORK/logs
 mkdir -p "$LOGS"
@@ -197,8 +192,6 @@ run_one() {
 }
 
 # The environment of a shimmed run (shim_env MIB LOG PROFILE TRACE).
-# shellcheck source=bench/shim_env.sh
-. "$ROOT/bench/shim_env.sh"
 
 # ---- the steps -------------------------------------------------------------------------------
 preamble() {
