@@ -374,8 +374,7 @@ static int start_locked(int want, struct fs_profile *loaded)
         .background_pinning = fs_config_u64(cfg, FS_P_PIN_MODE) == 0,
         .strict_remap = fs_config_u64(cfg, FS_P_REMAP_SAFETY) == 0,
         .fingerprint = fs_config_u64(cfg, FS_P_WRITEBACK) == 0,
-        .blocking_waits = fs_config_u64(cfg, FS_P_COPY_WAIT) == 1,
-        .predicted_waits = fs_config_u64(cfg, FS_P_COPY_WAIT) == 2,
+        .copy_wait = (enum fs_copy_wait)fs_config_u64(cfg, FS_P_COPY_WAIT),
     };
     rc = fs_res_init(&eng.res, eng.dev, &rcfg);
     if (rc != FS_OK) {

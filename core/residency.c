@@ -223,8 +223,8 @@ int fs_res_init(struct fs_residency *res, struct fs_device *dev, const struct fs
         FS_INFO("no host memory for fingerprints: every eviction copies its data back to host");
     }
     res->background_pinning = cfg->background_pinning;
-    res->wait_event_flags = cfg->blocking_waits ? FS_EVENT_BLOCKING : 0;
-    res->predicted_waits = cfg->predicted_waits;
+    res->wait_event_flags = cfg->copy_wait == FS_COPY_WAIT_BLOCK ? FS_EVENT_BLOCKING : 0;
+    res->predicted_waits = cfg->copy_wait == FS_COPY_WAIT_PREDICT;
     return FS_OK;
 fail_h2d:
     fs_dev_call(dev, stream_destroy, res->h2d);
@@ -1307,6 +1307,12 @@ void fs_res_set_link(struct fs_residency *res, double h2d_latency_us, double h2d
                 "machine)", h2d_bytes_per_us, h2d_latency_us, d2h_bytes_per_us, d2h_latency_us);
 }
 
+/* The link direction of M's copies. */
+static int move_link(const struct fs_res_move *m)
+{
+    return m->evict ? FS_LINK_D2H : FS_LINK_H2D;
+}
+
 /* COPY_WAIT=predict: how long a copy of BYTES in direction DIR takes on the link model (0: no
  * model). Lock held. */
 static uint64_t predicted_copy_ns(const struct fs_residency *res, int dir, uint64_t bytes)
@@ -1377,7 +1383,7 @@ int fs_res_move_begin(struct fs_residency *res, uint64_t id, bool evict, struct 
     m->block = NULL;
     m->t_begin_ns = m->t_queued_ns = fs_now_ns();
     /* an eviction that compares fingerprints first copies the same bytes if the data changed */
-    m->copy_ns = predicted_copy_ns(res, evict ? FS_LINK_D2H : FS_LINK_H2D, a->mapped);
+    m->copy_ns = predicted_copy_ns(res, move_link(m), a->mapped);
     if (evict) {
         if (!a->host) {
             struct fs_block *b;
@@ -1515,7 +1521,7 @@ static bool sleep_before_wait(struct fs_residency *res, struct fs_res_move *m, u
     static __thread bool slack_set;
     if (fs_dev_call(res->dev, event_query, move_done_ev(m)) != FS_ERR_NOT_READY)
         return false;
-    uint64_t prev_end = LOAD(&res->link[m->evict ? FS_LINK_D2H : FS_LINK_H2D].last_end_ns);
+    uint64_t prev_end = LOAD(&res->link[move_link(m)].last_end_ns);
     uint64_t wake = m->comparing ? 0 : fs_res_copy_wake_ns(m->t_queued_ns, prev_end, m->copy_ns);
     if (wake < now + PREDICT_MIN_SLEEP_NS)
         return true;
@@ -1545,7 +1551,7 @@ static int move_wait(struct fs_residency *res, struct fs_res_move *m, bool wait)
     bool seen_end = predicting && sleep_before_wait(res, m, t0);
     int rc = fs_dev_call(res->dev, event_sync, move_done_ev(m));
     if (predicting) /* the copy's own event on its stream, whose end was seen: the next anchor */
-        STORE(&res->link[m->evict ? FS_LINK_D2H : FS_LINK_H2D].last_end_ns,
+        STORE(&res->link[move_link(m)].last_end_ns,
               rc == FS_OK && seen_end && !m->fp_side ? fs_now_ns() : 0);
     fs_rt_span(FS_RT_COPY_WAIT, m->a->id, m->a->mapped, t0, fs_now_ns());
     return rc;

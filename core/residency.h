@@ -198,16 +198,19 @@ struct fs_residency {
     int nprepin, prepin_next;
 };
 
+/* COPY_WAIT: how the engine's threads wait for the copies of its moves (the context's way;
+ * sleeping on blocking events; a sleep through the copy's predicted time, then the context's). */
+enum fs_copy_wait { FS_COPY_WAIT_CONTEXT, FS_COPY_WAIT_BLOCK, FS_COPY_WAIT_PREDICT };
+enum { FS_LINK_H2D, FS_LINK_D2H }; /* the link's directions: fs_residency.link */
+
 struct fs_res_config {
     uint64_t budget;
     uint64_t va_space_bytes; /* managed address range to reserve */
     bool background_pinning;
     bool strict_remap;       /* REMAP_SAFETY=strict */
     bool fingerprint;        /* WRITEBACK=fingerprint: skip the write-back of unchanged data */
-    bool blocking_waits;     /* COPY_WAIT=block: waits on the engine's events sleep */
-    bool predicted_waits;    /* COPY_WAIT=predict: sleep through most of a predicted copy */
+    enum fs_copy_wait copy_wait; /* COPY_WAIT, in its values' order */
 };
-enum { FS_LINK_H2D, FS_LINK_D2H };
 
 int fs_res_init(struct fs_residency *res, struct fs_device *dev, const struct fs_res_config *cfg);
 /* Frees everything (the program's allocations included): only at shutdown. */

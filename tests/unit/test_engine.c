@@ -702,6 +702,19 @@ static void test_plan_runs_from_saved_profile(void **state)
     unlink(path);
 }
 
+/* Start from the profile at PATH with the settings EXTRA, run ITERS iterations of the program,
+ * let the moves end and give the engine's stats in ST; the device is left open (its stats). */
+static struct fs_device *run_from_profile(const char *path, const char *extra, int iters,
+                                          struct fs_engine_stats *st)
+{
+    uint64_t w[L], act;
+    struct fs_device *dev = start_from_profile(path, extra, w, &act);
+    assert_int_equal(run_program(dev, w, L, act, iters), 0);
+    fs_engine_drain_moves();
+    fs_engine_get_stats(st);
+    return dev;
+}
+
 /* COPY_WAIT=block: the events the engine waits on (the executor's copy slots', each launch's
  * last use) are made blocking; the plan runs as with the default. */
 static void test_copy_wait_block(void **state)
@@ -710,13 +723,9 @@ static void test_copy_wait_block(void **state)
     char path[64];
     fresh_path(path, sizeof(path));
     record_profile(path, "FLEXTENSOR_GPU_MEMORY_LIMIT=64MiB");
-    uint64_t w[L], act;
-    struct fs_device *dev = start_from_profile(path, "FLEXTENSOR_COPY_WAIT=block", w, &act);
     enum { ITERS = 20 };
-    assert_int_equal(run_program(dev, w, L, act, ITERS), 0);
-    fs_engine_drain_moves();
     struct fs_engine_stats st;
-    fs_engine_get_stats(&st);
+    struct fs_device *dev = run_from_profile(path, "FLEXTENSOR_COPY_WAIT=block", ITERS, &st);
     assert_int_equal(st.exec.plans, 1);
     assert_true(st.exec.prefetches >= ITERS);
     assert_true(st.exec.overlapped >= ITERS);
@@ -743,14 +752,10 @@ static void test_copy_wait_predict(void **state)
     sim_link_bytes_per_s = 5e9;
     /* not a cached recording: those are of the default link */
     record_profile_fresh(predict_path, "FLEXTENSOR_GPU_MEMORY_LIMIT=64MiB", 0);
-    uint64_t w[L], act;
-    struct fs_device *dev = start_from_profile(predict_path, "FLEXTENSOR_COPY_WAIT=predict", w,
-                                               &act);
     enum { ITERS = 20 };
-    assert_int_equal(run_program(dev, w, L, act, ITERS), 0);
-    fs_engine_drain_moves();
     struct fs_engine_stats st;
-    fs_engine_get_stats(&st);
+    struct fs_device *dev =
+        run_from_profile(predict_path, "FLEXTENSOR_COPY_WAIT=predict", ITERS, &st);
     assert_int_equal(st.exec.plans, 1);
     assert_true(st.exec.prefetches >= ITERS);
     assert_int_equal(st.exec.move_failures, 0);
