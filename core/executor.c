@@ -945,7 +945,8 @@ void fs_exec_launch_enter(struct fs_executor *x, struct fs_launch_ticket *t)
     int cur = follow(x, t->sig);
     if (cur < 0)
         goto out;
-    t->pos = cur;
+    /* Its exit takes the lock only where evictions follow it (most launches have none). */
+    t->pos = x->ev_start[cur] < x->ev_start[cur + 1] ? cur : -1;
     if (cur == 0)
         x->iterations++;
     if (cur == 0 && fs_rt_on()) {

@@ -225,7 +225,8 @@ static inline bool fs_exec_moves_nothing(const struct fs_executor *x)
 int fs_exec_note_alloc(struct fs_executor *x, uint64_t id, uint64_t size, const char **why);
 
 /* Launch T, scanned and not yet holding its references: follow the program, queue the
- * prefetches planned here, count late and unplanned references. Sets T->pos. */
+ * prefetches planned here, count late and unplanned references. Sets T->pos
+ * (-1 where no eviction follows the launch, so that its exit takes no lock). */
 void fs_exec_launch_enter(struct fs_executor *x, struct fs_launch_ticket *t);
 /* After launch T was queued (or refused): queue the evictions planned after it. */
 void fs_exec_launch_exit(struct fs_executor *x, const struct fs_launch_ticket *t);

@@ -4,7 +4,7 @@
 #include <stdbool.h>
 #include <stdlib.h>
 
-__thread bool fs_thread_internal;
+FS_TLS bool fs_thread_internal;
 
 bool fs_grow(void **arr, size_t *cap, size_t need, size_t elem)
 {

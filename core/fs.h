@@ -58,8 +58,13 @@ static inline uint64_t fs_now_ns(void)
     return (uint64_t)ts.tv_sec * 1000000000ull + (uint64_t)ts.tv_nsec;
 }
 
+/* Thread-locals read on every kernel launch. The library is loaded with the program (LD_PRELOAD
+ * or linked), never dlopened, so they can sit in the static TLS block: a plain %fs-relative load
+ * instead of a __tls_get_addr call per access. */
+#define FS_TLS __thread __attribute__((tls_model("initial-exec")))
+
 /* True on the engine's own threads (the plan executor's mover, the host pinner): the CUDA calls
  * they make are not the program's, and launch tracking must not see them. */
-extern __thread _Bool fs_thread_internal;
+extern FS_TLS _Bool fs_thread_internal;
 
 #endif

@@ -39,7 +39,8 @@ struct fs_launch_desc {
 struct fs_launch_ticket {
     uint64_t tick;
     uint64_t sig;     /* FS_SIG_COPY for copies and memsets */
-    int pos;          /* its place in the running plan's iteration (executor.h), or -1 */
+    int pos;          /* its place in the running plan's iteration where evictions follow it
+                       (executor.h), else -1 */
     uint64_t t_enter_ns; /* when the launch reached flexshim, while profiling (else 0) */
     fs_stream stream;
     const void *func; /* the kernel, NULL for copies and memsets */

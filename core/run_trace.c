@@ -18,7 +18,7 @@ static struct {
     int on;        /* atomic */
 } rt;
 
-static __thread int lane_tls = FS_RT_PROGRAM;
+static FS_TLS int lane_tls = FS_RT_PROGRAM;
 
 /* Each kind's name in the trace and its category (Perfetto colours and filters by it). */
 static const struct {

@@ -16,7 +16,7 @@
 /* cupti.h already includes generated_cuda_meta.h (the launch parameter structs). */
 
 static CUpti_SubscriberHandle subscriber;
-static __thread struct fs_launch_ticket ticket;
+static FS_TLS struct fs_launch_ticket ticket;
 
 enum kind { KIND_NONE, KIND_KERNEL, KIND_OPAQUE, KIND_COPY };
 
@@ -67,7 +67,7 @@ static const struct copy_layout copy_layouts[] = {
 static unsigned char copy_index[CUPTI_DRIVER_TRACE_CBID_SIZE];
 
 /* The device addresses of a copy or memset: the first and last byte of each device range. */
-static __thread uint64_t copy_ptrs[4];
+static FS_TLS uint64_t copy_ptrs[4];
 
 static void describe_copy(const struct copy_layout *l, const void *params,
                           struct fs_launch_desc *d)

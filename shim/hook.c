@@ -2,7 +2,7 @@
 
 #include "log.h"
 
-__thread int fs_hook_depth;
+FS_TLS int fs_hook_depth;
 
 cudaError_t fs_to_cuda_rt(int err)
 {

@@ -11,7 +11,7 @@
 #include "cuda_api.h"
 #include "fs.h"
 
-extern __thread int fs_hook_depth;
+extern FS_TLS int fs_hook_depth;
 
 /* True when the calling thread is already inside the shim: the hook must pass through. */
 static inline bool fs_hook_enter(void)
