@@ -36,6 +36,7 @@ CORE_A := $(BUILD)/libflexshim_core.a
 TOOL := $(BUILD)/flexshim-profile
 SIMDEMO := $(BUILD)/flexshim-simdemo
 SAMPLER := $(BUILD)/libfs_sampler.so
+ENTRY_PROBE := $(BUILD)/libfs_entry_probe.so
 
 .DEFAULT_GOAL := all
 
@@ -99,6 +100,12 @@ $(SAMPLER): bench/sampler.c
 	@mkdir -p $(@D)
 	$(CC) $(CFLAGS) -shared -Wl,-z,defs $(LDFLAGS) -o $@ $< -ldl -lrt -pthread
 
+# The benchmark's entry-point experiment (bench/entry_probe.c): launches seen through wrappers of
+# the driver's launch functions instead of CUPTI. Not part of the library.
+$(ENTRY_PROBE): bench/entry_probe.c
+	@mkdir -p $(@D)
+	$(CC) $(CFLAGS) -shared -Wl,-z,defs $(LDFLAGS) -o $@ $< -ldl -pthread
+
 # The main job: on a GPU machine a CUDA program under the shim (tests/gpu/run.sh, step b), else
 # the engine on the simulated device.
 demo: all
@@ -145,10 +152,10 @@ test-valgrind: $(UNIT_BIN)
 	BUILD=$(BUILD) tests/run_unit.sh --valgrind $(UNIT_BIN)
 
 # ---- bundle for the GPU machine and installation -------------------------------------------
-dist: all $(SAMPLER)
+dist: all $(SAMPLER) $(ENTRY_PROBE)
 	rm -rf dist && mkdir -p dist/lib dist/bin dist/etc dist/include
 	cp $(LIB) dist/lib/
-	cp $(SAMPLER) dist/lib/
+	cp $(SAMPLER) $(ENTRY_PROBE) dist/lib/
 	cp $(TOOL) $(SIMDEMO) dist/bin/
 	cp conf/flexshim.ini dist/etc/
 	cp shim/flexshim.h dist/include/

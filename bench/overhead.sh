@@ -17,7 +17,10 @@
 # a user runs it, preloading the first, second, ... library of ALT_LIBS, space-separated paths,
 # instead of dist/'s: other builds, for an A/B between commits in one session), shim:KEY=VALUE,...
 # (the shim with these settings, FLEXTENSOR_ prefix left out, e.g. shim:STRATEGY=greedy: an A/B
-# of settings; its files are named with _ for : = and ,). ITERS: steps per run. WORKLOAD: decode
+# of settings; its files are named with _ for : = and ,), entry (no shim: dist/lib/libfs_entry_probe.so
+# alone, wrapping the driver's launch entry points: what seeing launches without CUPTI costs;
+# bench/entry_probe.c), entrycheck (the same with ENTRY_PROBE_CUPTI=1: the launches CUPTI saw that
+# no wrapper passed on; its line is in the run's .out). ITERS: steps per run. WORKLOAD: decode
 # (the default) or prefill, the same A/B on the compute-bound workload.
 # CPUS: run every side under `taskset -c CPUS` (the step is host-bound: fewer migrations).
 # SAMPLES=1: every side also preloads dist/lib/libfs_sampler.so and samples the queueing thread's
@@ -59,6 +62,7 @@ fi
 PY=${PY:-python3}
 SHIM_LIB=$PWD/dist/lib/libflexshim.so
 SAMPLER_LIB=$PWD/dist/lib/libfs_sampler.so
+ENTRY_LIB=$PWD/dist/lib/libfs_entry_probe.so
 [ -f "$PROFILE" ] || { echo "overhead.sh: PROFILE=$PROFILE: no such file" >&2; exit 2; }
 # shellcheck source=bench/shim_env.sh
 . bench/shim_env.sh # pin_cpus, shim_env
@@ -81,6 +85,11 @@ for side in "${sides[@]}"; do
     side_file[$side]=$(tr ':=,' '___' <<<"$side")
     case $side in
     noshim | pipeline) ;;
+    entry | entrycheck)
+        [ "${FAKE:-0}" = 1 ] || [ -f "$ENTRY_LIB" ] || {
+            echo "overhead.sh: side $side: $ENTRY_LIB missing: run make dist" >&2
+            exit 2
+        } ;;
     shim) side_env[$side]=FLEXTENSOR_PAUSE_TRACKING=1 ;;
     watch) side_env[$side]=FLEXTENSOR_PAUSE_TRACKING=0 ;;
     shim:*)
@@ -102,7 +111,7 @@ for side in "${sides[@]}"; do
             exit 2
         }
         side_lib[$side]=$lib ;;
-    *) echo "overhead.sh: SIDES=${sides[*]}: unknown side $side (noshim, pipeline, shim, shim:KEY=VALUE,..., watch, alt1-alt9)" >&2; exit 2 ;;
+    *) echo "overhead.sh: SIDES=${sides[*]}: unknown side $side (noshim, pipeline, shim, shim:KEY=VALUE,..., watch, alt1-alt9, entry, entrycheck)" >&2; exit 2 ;;
     esac
 done
 case " ${sides[*]} " in *" noshim "*) ;; *) echo "overhead.sh: SIDES must include noshim" >&2; exit 2 ;; esac
@@ -131,6 +140,11 @@ for r in $(seq 1 "$ROUNDS"); do
         if [ "$side" = noshim ]; then
             envs=(env) system=noshim pct=100
             echo "---- round $r/$ROUNDS: noshim"
+        elif [ "$side" = entry ] || [ "$side" = entrycheck ]; then
+            envs=(env) system=noshim pct=100
+            [ "${FAKE:-0}" = 1 ] || envs+=("LD_PRELOAD=$ENTRY_LIB")
+            [ "$side" = entrycheck ] && envs+=(ENTRY_PROBE_CUPTI=1)
+            echo "---- round $r/$ROUNDS: $side (no shim; the entry-point probe preloaded)"
         elif [ "$side" = pipeline ]; then
             # Its headroom (activations, KV cache) is this round's noshim peak less the weights.
             "$PY" -c 'import json, sys; print(json.dumps(json.load(open(sys.argv[1]))))' \
@@ -149,6 +163,7 @@ for r in $(seq 1 "$ROUNDS"); do
             # Beside the side's own preload, the shim first (a later LD_PRELOAD= replaces it).
             [ "${FAKE:-0}" = 1 ] || case $side in
                 noshim | pipeline) envs+=("LD_PRELOAD=$SAMPLER_LIB") ;;
+                entry | entrycheck) envs+=("LD_PRELOAD=$ENTRY_LIB:$SAMPLER_LIB") ;;
                 *) envs+=("LD_PRELOAD=$LIB:$SAMPLER_LIB") ;;
                 esac
         fi
