@@ -104,7 +104,10 @@ static void *wrap(void *real, int kind)
         unwrapped++;
     } else {
         if (!slot_real[k]) {
-            slot_name[k] = kind == 1 ? "cuLaunchKernel" : "cuLaunchKernelEx";
+            Dl_info info; /* the driver's own name for it (a _ptsz variant), where it has one */
+            slot_name[k] = dladdr(real, &info) && info.dli_sname ? info.dli_sname
+                           : kind == 1                            ? "cuLaunchKernel"
+                                                                  : "cuLaunchKernelEx";
             __atomic_store_n(&slot_real[k], real, __ATOMIC_RELEASE);
         }
         out = kind == 1 ? wrap_plain[k] : wrap_ex[k];

@@ -403,6 +403,9 @@ expect_rc "pooled_steps.py: no such directory" 1 $rc "$tmp/o"
 FAKE=1 PROFILE="$tmp/prof.json" OUT="$tmp/ovh" ROUNDS=1 SIDES="noshim alt1" ALT_LIBS=/x.so bash bench/overhead.sh >"$tmp/o" 2>&1; rc=$?
 expect_rc "overhead.sh: another build as side alt1" 0 $rc "$tmp/o"
 expect "overhead.sh: alt1's ratio" "$tmp/o" '^alt1 [0-9.]+ ms \(median of 1 runs\): ratio [0-9.]+'
+FAKE=1 PROFILE="$tmp/prof.json" OUT="$tmp/ovh" ROUNDS=1 SIDES="noshim entry entrycheck" bash bench/overhead.sh >"$tmp/o" 2>&1; rc=$?
+expect_rc "overhead.sh: the entry-point probe's sides" 0 $rc "$tmp/o"
+expect "overhead.sh: entrycheck's ratio" "$tmp/o" '^entrycheck [0-9.]+ ms \(median of 1 runs\): ratio [0-9.]+'
 FAKE=1 PROFILE="$tmp/prof.json" OUT="$tmp/ovh" ROUNDS=1 SIDES="noshim shim:STRATEGY=greedy,PLAN_HEADROOM=1GiB" bash bench/overhead.sh >"$tmp/o" 2>&1; rc=$?
 expect_rc "overhead.sh: a side with settings" 0 $rc "$tmp/o"
 expect "overhead.sh: the side with settings has its ratio" "$tmp/o" '^shim:STRATEGY=greedy,PLAN_HEADROOM=1GiB [0-9.]+ ms \(median of 1 runs\): ratio'
@@ -508,5 +511,6 @@ for py in bench/bench.py bench/report.py bench/trace_summary.py bench/layer_step
 done
 
 . "$PWD/tests/tools/sampler.sh" # bench/sampler.c and bench/sample_report.py
+. "$PWD/tests/tools/entry_probe.sh" # bench/entry_probe.c
 
 finish

@@ -1,0 +1,45 @@
+/* The program of the entry-point probe's test (tests/tools/entry_probe.sh): it reaches the launch
+ * functions of DRIVER (argv[1], tests/tools/entry_fake_cuda.c) the way the CUDA runtime and
+ * Triton do (dlsym of cuGetProcAddress_v2, then cuGetProcAddress; dlsym of a launch function by
+ * name) and calls them: 3 cuLaunchKernel, 5 cuLaunchKernel_ptsz, 7 cuLaunchKernelEx (whose
+ * error it must get back), 2 through cuLaunchKernel found by name. Prints the driver's counts. */
+#include <cuda.h>
+#include <dlfcn.h>
+#include <stdio.h>
+
+typedef CUresult (*gpa_fn)(const char *, void **, int, cuuint64_t,
+                           CUdriverProcAddressQueryResult *);
+typedef CUresult (*launch_fn)(CUfunction, unsigned, unsigned, unsigned, unsigned, unsigned,
+                              unsigned, unsigned, CUstream, void **, void **);
+typedef CUresult (*launch_ex_fn)(const CUlaunchConfig *, CUfunction, void **, void **);
+
+int main(int argc, char **argv)
+{
+    void *h = argc > 1 ? dlopen(argv[1], RTLD_NOW | RTLD_LOCAL) : NULL;
+    gpa_fn gpa = h ? (gpa_fn)dlsym(h, "cuGetProcAddress_v2") : NULL;
+    if (!gpa) {
+        fprintf(stderr, "entry_prog: no driver: %s\n", dlerror());
+        return 1;
+    }
+    void *plain = NULL, *ptsz = NULL, *ex = NULL;
+    if (gpa("cuLaunchKernel", &plain, 13000, CU_GET_PROC_ADDRESS_DEFAULT, NULL) ||
+        gpa("cuLaunchKernel", &ptsz, 13000, CU_GET_PROC_ADDRESS_PER_THREAD_DEFAULT_STREAM, NULL) ||
+        gpa("cuLaunchKernelEx", &ex, 13000, CU_GET_PROC_ADDRESS_DEFAULT, NULL)) {
+        fprintf(stderr, "entry_prog: cuGetProcAddress failed\n");
+        return 1;
+    }
+    int bad = 0;
+    for (int i = 0; i < 3; i++)
+        bad |= ((launch_fn)plain)(NULL, 1, 1, 1, 1, 1, 1, 0, NULL, NULL, NULL) != CUDA_SUCCESS;
+    for (int i = 0; i < 5; i++)
+        bad |= ((launch_fn)ptsz)(NULL, 1, 1, 1, 1, 1, 1, 0, NULL, NULL, NULL) != CUDA_SUCCESS;
+    for (int i = 0; i < 7; i++)
+        bad |= ((launch_ex_fn)ex)(NULL, NULL, NULL, NULL) != CUDA_ERROR_INVALID_VALUE;
+    launch_fn named = (launch_fn)dlsym(h, "cuLaunchKernel");
+    for (int i = 0; i < 2; i++)
+        bad |= named(NULL, 1, 1, 1, 1, 1, 1, 0, NULL, NULL, NULL) != CUDA_SUCCESS;
+    const unsigned long *calls = dlsym(h, "fake_calls");
+    printf("driver calls: %lu %lu %lu %lu; results %s\n", calls[0], calls[1], calls[2], calls[3],
+           bad ? "WRONG" : "as the driver gave them");
+    return 0;
+}
