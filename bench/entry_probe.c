@@ -23,6 +23,7 @@
 #include <cupti.h>
 #include <dlfcn.h>
 #include <pthread.h>
+#include <stdbool.h>
 #include <stdint.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -120,16 +121,19 @@ static CUresult gpa_v2(const char *symbol, void **pfn, int version, cuuint64_t f
                        CUdriverProcAddressQueryResult *status);
 static CUresult gpa_v1(const char *symbol, void **pfn, int version, cuuint64_t flags);
 
-/* What a lookup of SYMBOL that found REAL hands out instead. */
-static void *substitute(const char *symbol, void *real)
+/* What a lookup of SYMBOL that found REAL hands out instead. V2_ABI: a "cuGetProcAddress" found
+ * is the five-argument cuGetProcAddress_v2 (asked of cuGetProcAddress for CUDA 12 or later; the
+ * library's exported "cuGetProcAddress" is the four-argument one). */
+static void *substitute(const char *symbol, void *real, bool v2_abi)
 {
     if (!real || !symbol)
         return real;
-    if (!strcmp(symbol, "cuGetProcAddress_v2")) {
+    bool gpa = !strcmp(symbol, "cuGetProcAddress");
+    if (!strcmp(symbol, "cuGetProcAddress_v2") || (gpa && (v2_abi || real == (void *)real_gpa_v2))) {
         real_gpa_v2 = (gpa_v2_fn)real;
         return (void *)gpa_v2;
     }
-    if (!strcmp(symbol, "cuGetProcAddress")) {
+    if (gpa) {
         real_gpa_v1 = (gpa_v1_fn)real;
         return (void *)gpa_v1;
     }
@@ -142,7 +146,7 @@ static CUresult gpa_v2(const char *symbol, void **pfn, int version, cuuint64_t f
     __atomic_add_fetch(&gpa_queries, 1, __ATOMIC_RELAXED);
     CUresult r = real_gpa_v2(symbol, pfn, version, flags, status);
     if (r == CUDA_SUCCESS && pfn)
-        *pfn = substitute(symbol, *pfn);
+        *pfn = substitute(symbol, *pfn, version >= 12000);
     return r;
 }
 
@@ -151,7 +155,7 @@ static CUresult gpa_v1(const char *symbol, void **pfn, int version, cuuint64_t f
     __atomic_add_fetch(&gpa_queries, 1, __ATOMIC_RELAXED);
     CUresult r = real_gpa_v1(symbol, pfn, version, flags);
     if (r == CUDA_SUCCESS && pfn)
-        *pfn = substitute(symbol, *pfn);
+        *pfn = substitute(symbol, *pfn, version >= 12000);
     return r;
 }
 
@@ -170,7 +174,7 @@ EXPORT void *dlsym(void *handle, const char *symbol)
      * comes first: the same for any caller but another preloaded interposer (counted). */
     if (handle == RTLD_NEXT)
         __atomic_add_fetch(&next_lookups, 1, __ATOMIC_RELAXED);
-    return substitute(symbol, d(handle, symbol));
+    return substitute(symbol, d(handle, symbol), false);
 }
 
 /* ---- ENTRY_PROBE_CUPTI=1: what the driver saw that no wrapper passed on ----------------------- */

@@ -28,13 +28,13 @@ entry_probe_tests() {
     "$d/prog" "$d/libcuda.so.1" >"$d/plain.out" 2>&1
     LD_PRELOAD=$lib "$d/prog" "$d/libcuda.so.1" >"$d/probe.out" 2>"$d/probe.err"; rc=$?
     expect_rc "entry probe: the program runs with it preloaded" 0 $rc "$d/probe.err"
-    # Without the probe the driver counts 5 5 7 0; with it, the same: every call forwarded, each
+    # Without the probe the driver counts 6 5 7 0; with it, the same: every call forwarded, each
     # to the variant asked for, with the driver's result.
-    expect "entry probe: the driver's counts without it" "$d/plain.out" '^driver calls: 5 5 7 0; results as the driver gave them$'
+    expect "entry probe: the driver's counts without it" "$d/plain.out" '^driver calls: 6 5 7 0; results as the driver gave them$'
     expect "entry probe: every launch reaches the driver's own function, with its result" "$d/probe.out" \
-        '^driver calls: 5 5 7 0; results as the driver gave them$'
-    expect "entry probe: it counted the 17 launches, by variant" "$d/probe.err" \
-        '^entry_probe: pid [0-9]+: 17 launches through the wrappers \(cuLaunchKernel@0x[0-9a-f]+ 5, cuLaunchKernel_ptsz@0x[0-9a-f]+ 5, cuLaunchKernelEx@0x[0-9a-f]+ 7\); 3 cuGetProcAddress queries, 0 launch functions handed out unwrapped'
+        '^driver calls: 6 5 7 0; results as the driver gave them$'
+    expect "entry probe: it counted the 18 launches, by variant" "$d/probe.err" \
+        '^entry_probe: pid [0-9]+: 18 launches through the wrappers \(cuLaunchKernel@0x[0-9a-f]+ 6, cuLaunchKernel_ptsz@0x[0-9a-f]+ 5, cuLaunchKernelEx@0x[0-9a-f]+ 7\); 5 cuGetProcAddress queries, 0 launch functions handed out unwrapped'
     LD_PRELOAD=$lib python3 -c 'pass' >"$d/quiet.out" 2>&1
     expect_not "entry probe: silent in a process that never reached a driver" "$d/quiet.out" 'entry_probe'
 }

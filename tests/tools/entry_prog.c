@@ -2,7 +2,9 @@
  * functions of DRIVER (argv[1], tests/tools/entry_fake_cuda.c) the way the CUDA runtime and
  * Triton do (dlsym of cuGetProcAddress_v2, then cuGetProcAddress; dlsym of a launch function by
  * name) and calls them: 3 cuLaunchKernel, 5 cuLaunchKernel_ptsz, 7 cuLaunchKernelEx (whose
- * error it must get back), 2 through cuLaunchKernel found by name. Prints the driver's counts. */
+ * error it must get back), 2 through cuLaunchKernel found by name, 1 through cuLaunchKernel from
+ * the cuGetProcAddress that cuGetProcAddress gives for CUDA 13 (the five-argument one, whose
+ * status it must fill). Prints the driver's counts. */
 #include <cuda.h>
 #include <dlfcn.h>
 #include <stdio.h>
@@ -38,6 +40,16 @@ int main(int argc, char **argv)
     launch_fn named = (launch_fn)dlsym(h, "cuLaunchKernel");
     for (int i = 0; i < 2; i++)
         bad |= named(NULL, 1, 1, 1, 1, 1, 1, 0, NULL, NULL, NULL) != CUDA_SUCCESS;
+    gpa_fn gpa2 = NULL;
+    void *again = NULL;
+    CUdriverProcAddressQueryResult st = CU_GET_PROC_ADDRESS_SYMBOL_NOT_FOUND;
+    if (gpa("cuGetProcAddress", (void **)&gpa2, 13000, CU_GET_PROC_ADDRESS_DEFAULT, NULL) ||
+        gpa2("cuLaunchKernel", &again, 13000, CU_GET_PROC_ADDRESS_DEFAULT, &st) ||
+        st != CU_GET_PROC_ADDRESS_SUCCESS) {
+        fprintf(stderr, "entry_prog: cuGetProcAddress through cuGetProcAddress failed\n");
+        return 1;
+    }
+    bad |= ((launch_fn)again)(NULL, 1, 1, 1, 1, 1, 1, 0, NULL, NULL, NULL) != CUDA_SUCCESS;
     const unsigned long *calls = dlsym(h, "fake_calls");
     printf("driver calls: %lu %lu %lu %lu; results %s\n", calls[0], calls[1], calls[2], calls[3],
            bad ? "WRONG" : "as the driver gave them");
