@@ -84,12 +84,14 @@ for side in "${sides[@]}"; do
     side_lib[$side]=$SHIM_LIB
     side_file[$side]=$(tr ':=,' '___' <<<"$side")
     case $side in
-    noshim | pipeline) ;;
+    noshim | pipeline) side_lib[$side]= ;;
     entry | entrycheck)
         [ "${FAKE:-0}" = 1 ] || [ -f "$ENTRY_LIB" ] || {
             echo "overhead.sh: side $side: $ENTRY_LIB missing: run make dist" >&2
             exit 2
-        } ;;
+        }
+        side_lib[$side]=$ENTRY_LIB
+        [ "$side" = entrycheck ] && side_env[$side]=ENTRY_PROBE_CUPTI=1 ;;
     shim) side_env[$side]=FLEXTENSOR_PAUSE_TRACKING=1 ;;
     watch) side_env[$side]=FLEXTENSOR_PAUSE_TRACKING=0 ;;
     shim:*)
@@ -136,14 +138,12 @@ for r in $(seq 1 "$ROUNDS"); do
             fi
             limit=(timeout "$left")
         fi
-        extra=()
+        extra=() preload=${side_lib[$side]}
         if [ "$side" = noshim ]; then
             envs=(env) system=noshim pct=100
             echo "---- round $r/$ROUNDS: noshim"
         elif [ "$side" = entry ] || [ "$side" = entrycheck ]; then
-            envs=(env) system=noshim pct=100
-            [ "${FAKE:-0}" = 1 ] || envs+=("LD_PRELOAD=$ENTRY_LIB")
-            [ "$side" = entrycheck ] && envs+=(ENTRY_PROBE_CUPTI=1)
+            envs=(env ${side_env[$side]:-}) system=noshim pct=100
             echo "---- round $r/$ROUNDS: $side (no shim; the entry-point probe preloaded)"
         elif [ "$side" = pipeline ]; then
             # Its headroom (activations, KV cache) is this round's noshim peak less the weights.
@@ -160,13 +160,10 @@ for r in $(seq 1 "$ROUNDS"); do
         fi
         if [ "${SAMPLES:-0}" = 1 ]; then
             extra+=(--samples "$base.samples" --sample-us "${SAMPLE_US:-500}")
-            # Beside the side's own preload, the shim first (a later LD_PRELOAD= replaces it).
-            [ "${FAKE:-0}" = 1 ] || case $side in
-                noshim | pipeline) envs+=("LD_PRELOAD=$SAMPLER_LIB") ;;
-                entry | entrycheck) envs+=("LD_PRELOAD=$ENTRY_LIB:$SAMPLER_LIB") ;;
-                *) envs+=("LD_PRELOAD=$LIB:$SAMPLER_LIB") ;;
-                esac
+            preload=${preload:+$preload:}$SAMPLER_LIB # beside the side's own, which comes first
         fi
+        # the last LD_PRELOAD= of an env wins over shim_env's
+        [ "${FAKE:-0}" = 1 ] || [ -z "$preload" ] || envs+=("LD_PRELOAD=$preload")
         t0=$SECONDS rc=0
         # taskset before the environment: only python gets the preloads
         "${limit[@]}" "${PIN[@]}" "${envs[@]}" "$PY" bench/bench.py --system "$system" \

@@ -88,7 +88,7 @@ START_S=$(date +%s)
 DEADLINE_S=$((START_S + TOTAL_BUDGET_S))
 RUN_ID=$(date -u +%Y%m%dT%H%M%SZ)-$$
 # shellcheck source=bench/shim_env.sh
-. "$ROOT/bench/shim_env.sh" # pin_cpus, shim_env
+. "$ROOT/bench/shim_env.sh" # pin_cpus; shim_env MIB LOG PROFILE TRACE: a shimmed run's environment
 pin_cpus run.sh || exit 2
 WORK=$(mktemp -d "${TMPDIR:-/tmp}/flexshim-bench.XXXXXX") || exit 1
 LOGS=$WORK/logs
@@ -190,8 +190,6 @@ run_one() {
     fi
     return "$rc"
 }
-
-# The environment of a shimmed run (shim_env MIB LOG PROFILE TRACE).
 
 # ---- the steps -------------------------------------------------------------------------------
 preamble() {

@@ -1331,6 +1331,15 @@ uint64_t fs_res_copy_wake_ns(uint64_t queued_ns, uint64_t prev_end_ns, uint64_t 
     return copy_ns > margin ? began + copy_ns - margin : 0;
 }
 
+/* Queue M's copy of its allocation from SRC into block DST on its direction's stream, stamped
+ * just before for COPY_WAIT=predict (its earliest start). */
+static int move_copy(struct fs_residency *res, struct fs_res_move *m, const struct fs_block *dst,
+                     fs_dptr src)
+{
+    m->t_queued_ns = fs_now_ns();
+    return fs_block_copy(res->dev, dst, src, m->a->mapped, true, m->evict ? res->d2h : res->h2d);
+}
+
 /* Eviction: compare fingerprints first when the host copy has one, else copy right away (from
  * the device block: A's VA shows host memory when A is staged). */
 static int move_begin_evict(struct fs_residency *res, struct fs_res_move *m)
@@ -1344,8 +1353,7 @@ static int move_begin_evict(struct fs_residency *res, struct fs_res_move *m)
         return FS_OK;
     }
     a->fp_valid = false;
-    m->t_queued_ns = fs_now_ns();
-    int rc = fs_block_copy(res->dev, a->host, src, a->mapped, true, res->d2h);
+    int rc = move_copy(res, m, a->host, src);
     if (rc == FS_OK)
         move_queue_fp(res, m, src, res->d2h);
     return rc;
@@ -1428,8 +1436,7 @@ int fs_res_move_begin(struct fs_residency *res, uint64_t id, bool evict, struct 
                 rc = fs_dev_call(res->dev, event_record, m->ev, res->d2h);
         } else {
             /* Block to block, not from A's VA: the VA may be remapped while this runs. */
-            m->t_queued_ns = fs_now_ns();
-            rc = fs_block_copy(res->dev, m->block, a->host->copy_va, a->mapped, true, res->h2d);
+            rc = move_copy(res, m, m->block, a->host->copy_va);
             if (rc == FS_OK)
                 rc = fs_dev_call(res->dev, event_record, m->ev, res->h2d);
             if (rc == FS_OK && a->fp_valid) {
@@ -1639,8 +1646,7 @@ static int move_copy_done(struct fs_residency *res, struct fs_res_move *m, bool 
         if (m->clean)
             return FS_OK;
         a->fp_valid = false;
-        m->t_queued_ns = fs_now_ns();
-        rc = fs_block_copy(res->dev, a->host, a->dev->copy_va, a->mapped, true, res->d2h);
+        rc = move_copy(res, m, a->host, a->dev->copy_va);
         if (rc == FS_OK)
             rc = fs_dev_call(res->dev, event_record, m->ev, res->d2h);
         return rc == FS_OK ? move_wait(res, m, wait) : rc;
