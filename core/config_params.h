@@ -51,6 +51,8 @@ FS_PARAM(DEVICE, FS_PT_INT, "0", 0, 63, NULL,                                   
     "CUDA device whose allocations are managed (others pass through); unset: the device of the program's first allocation, so each process of a torchrun job manages its own.")                     \
 FS_PARAM(PAUSE_TRACKING, FS_PT_BOOL, "1", 0, 1, NULL,                                              \
     "Stop watching kernel launches while the plan moves nothing and every allocation fits (the watch costs about 0.5 us a launch); if the program then outgrows the budget, watching resumes and the allocations made before stay on the device. 0: always watch.") \
+FS_PARAM(LAUNCH_HOOK, FS_PT_ENUM, "cupti", 0, 0, "cupti|entry",                                   \
+    "How kernel launches are watched: cupti (CUPTI's driver callbacks) or entry (wrappers of the driver's launch functions, handed out through dlsym and cuGetProcAddress: less time a launch; CUPTI keeps the copies and checks for two iterations of the plan that every launch came through a wrapper, else watches them itself).") \
 FS_PARAM(PIN_MODE, FS_PT_ENUM, "background", 0, 0, "background|on_demand",                        \
     "Pinned host pool: grown ahead of need on a background thread (with a PROFILE of this program whose allocations do not all fit the budget, from the library's load on, while the program starts), or only when an eviction needs it.") \
 FS_PARAM(MIN_OFFLOAD_BYTES, FS_PT_SIZE, "8MiB", 0, 64 * FS_TIB, NULL,                              \

@@ -823,6 +823,13 @@ uint64_t fs_engine_late_waits(void)
     return st.late;
 }
 
+uint64_t fs_engine_iterations_followed(void)
+{
+    if (!started() || !eng.planning)
+        return 0;
+    return fs_exec_iterations(&eng.exec);
+}
+
 void fs_engine_mark_iteration(void)
 {
     if (started() && eng.planning)

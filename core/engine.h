@@ -48,6 +48,12 @@ struct fs_tracker {
     int (*pause)(bool paused);
 };
 void fs_engine_set_tracker(const struct fs_tracker *t);
+/* LAUNCH_HOOK, in its values' order: the mechanism the shim's tracker watches launches with. */
+enum fs_launch_hook { FS_LAUNCH_HOOK_CUPTI, FS_LAUNCH_HOOK_ENTRY };
+
+/* How many times the running plan has seen the program reach its iteration's first launch (0:
+ * no plan followed). */
+uint64_t fs_engine_iterations_followed(void);
 
 /* Start the engine now, on a thread of its own, when PROFILE names a profile recorded from this
  * program (fs_rec_same_program: the same command, options and script; not a helper process that

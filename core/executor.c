@@ -1032,6 +1032,14 @@ void fs_exec_drain(struct fs_executor *x)
     pthread_mutex_unlock(&x->lock);
 }
 
+uint64_t fs_exec_iterations(struct fs_executor *x)
+{
+    pthread_mutex_lock(&x->lock);
+    uint64_t n = x->iterations;
+    pthread_mutex_unlock(&x->lock);
+    return n;
+}
+
 void fs_exec_get_stats(struct fs_executor *x, struct fs_exec_stats *out)
 {
     pthread_mutex_lock(&x->lock);

@@ -238,6 +238,8 @@ bool fs_exec_take_give_up(struct fs_executor *x);
 /* Wait until the mover has done every move queued so far (tests, shutdown). */
 void fs_exec_drain(struct fs_executor *x);
 
+/* Times the program reached the iteration's first launch under a plan (ITERATIONS). */
+uint64_t fs_exec_iterations(struct fs_executor *x);
 void fs_exec_get_stats(struct fs_executor *x, struct fs_exec_stats *out);
 
 #endif

@@ -4,7 +4,14 @@
  * Copies and memsets are seen too: the common ones (linear copies and memsets, synchronous and
  * asynchronous) reference the allocations at both ends of their device ranges; 2D/3D, peer and
  * batched copies and graph launches count as launches whose parameters are unknown (the next
- * remap synchronizes first). */
+ * remap synchronizes first).
+ *
+ * With LAUNCH_HOOK=entry the launches come from the driver entry points' wrappers (entry.c)
+ * instead, through fs_shim_launch_enter/exit, and CUPTI keeps the copies and memsets. Its launch
+ * callbacks stay on as a check until the plan has followed the program through two iterations:
+ * a launch that no wrapper passed on is tracked here, and launch tracking then stays with CUPTI
+ * for the rest of the run. After the check, CUPTI reports no launches. */
+#include <pthread.h>
 #include <stddef.h>
 #include <string.h>
 
@@ -17,6 +24,18 @@
 
 static CUpti_SubscriberHandle subscriber;
 static FS_TLS struct fs_launch_ticket ticket;
+
+/* LAUNCH_HOOK=entry: ENTRY_ON while the wrappers report launches (atomic; off while paused and
+ * for good once a launch came past them); CHECK is where CUPTI's launch check stands. */
+static bool entry_mode, entry_on;
+static enum { CHECKING, CHECKED, MISSED } check;
+static pthread_mutex_t report_lock = PTHREAD_MUTEX_INITIALIZER; /* CUPTI's switches and CHECK */
+/* The calling thread's launch came through a wrapper that reported it: CUPTI's callbacks for it
+ * pass. */
+static FS_TLS bool in_entry_launch;
+static FS_TLS unsigned entry_launches; /* this thread's, for spacing the check's look */
+#define CHECK_EVERY 1024
+#define CHECK_ITERATIONS 3 /* the plan's first launch reached 3 times: 2 iterations followed */
 
 enum kind { KIND_NONE, KIND_KERNEL, KIND_OPAQUE, KIND_COPY };
 
@@ -166,22 +185,29 @@ static bool describe(CUpti_CallbackId cbid, const void *params, struct fs_launch
     return true;
 }
 
+static void missed_launch(const CUpti_CallbackData *cb);
+
 static void CUPTIAPI on_driver_call(void *userdata, CUpti_CallbackDomain domain,
                                     CUpti_CallbackId cbid, const void *data)
 {
     (void)userdata;
     /* Our own driver calls (copies on the engine's streams) run inside the shim or on the
-     * engine's threads. */
-    if (domain != CUPTI_CB_DOMAIN_DRIVER_API || fs_hook_depth > 0 || fs_thread_internal)
+     * engine's threads; a launch a wrapper reported is the wrapper's. */
+    if (domain != CUPTI_CB_DOMAIN_DRIVER_API || fs_hook_depth > 0 || fs_thread_internal ||
+        in_entry_launch)
         return;
     const CUpti_CallbackData *cb = data;
     fs_hook_depth++;
     if (cb->callbackSite == CUPTI_API_ENTER) {
         struct fs_launch_desc d;
-        if (describe(cbid, cb->functionParams, &d))
+        if (describe(cbid, cb->functionParams, &d)) {
+            if (FS_UNLIKELY(cbid_kind[cbid] == KIND_KERNEL &&
+                            __atomic_load_n(&entry_on, __ATOMIC_RELAXED)))
+                missed_launch(cb);
             fs_engine_launch_enter(&d, &ticket);
-        else
+        } else {
             ticket.active = false;
+        }
     } else if (ticket.active) {
         const CUresult *res = cb->functionReturnValue;
         fs_engine_launch_exit(&ticket, res && *res == CUDA_SUCCESS);
@@ -208,13 +234,86 @@ static int report(CUpti_CallbackId cbid, bool on)
     return FS_OK;
 }
 
+/* Whether CUPTI reports driver call CBID while tracking is on. */
+static bool reported(uint32_t cbid)
+{
+    return cbid_kind[cbid] != KIND_NONE && (cbid_kind[cbid] != KIND_KERNEL || check != CHECKED);
+}
+
 int fs_shim_tracking_pause(bool paused)
 {
     int rc = FS_OK;
+    pthread_mutex_lock(&report_lock);
     for (uint32_t cbid = 1; cbid < CUPTI_DRIVER_TRACE_CBID_SIZE; cbid++)
-        if (cbid_kind[cbid] != KIND_NONE && report(cbid, !paused) != FS_OK)
+        if (reported(cbid) && report(cbid, !paused) != FS_OK)
             rc = FS_ERR_DEVICE;
+    __atomic_store_n(&entry_on, entry_mode && !paused && check != MISSED, __ATOMIC_SEQ_CST);
+    pthread_mutex_unlock(&report_lock);
     return rc;
+}
+
+/* ---- LAUNCH_HOOK=entry -------------------------------------------------------------------------- */
+bool fs_shim_launch_enter(CUpti_CallbackId cbid, const void *params)
+{
+    if (!__atomic_load_n(&entry_on, __ATOMIC_RELAXED) || fs_hook_depth > 0 || fs_thread_internal)
+        return false;
+    fs_hook_depth++;
+    struct fs_launch_desc d;
+    describe(cbid, params, &d);
+    fs_engine_launch_enter(&d, &ticket);
+    fs_hook_depth--;
+    in_entry_launch = true;
+    return true;
+}
+
+/* The check's end: two iterations followed with every launch through a wrapper. */
+static void end_check(void)
+{
+    pthread_mutex_lock(&report_lock);
+    if (check != CHECKING || !__atomic_load_n(&entry_on, __ATOMIC_SEQ_CST))
+        goto out;
+    int rc = FS_OK;
+    for (uint32_t cbid = 1; cbid < CUPTI_DRIVER_TRACE_CBID_SIZE && rc == FS_OK; cbid++)
+        if (cbid_kind[cbid] == KIND_KERNEL)
+            rc = report(cbid, false);
+    if (rc != FS_OK)
+        goto out; /* CUPTI goes on checking; the next look tries again */
+    __atomic_store_n(&check, CHECKED, __ATOMIC_RELAXED);
+    FS_INFO("LAUNCH_HOOK=entry: every launch of %d iterations came through the driver's entry "
+            "points; CUPTI reports no launches from now on",
+            CHECK_ITERATIONS - 1);
+out:
+    pthread_mutex_unlock(&report_lock);
+}
+
+void fs_shim_launch_exit(bool queued)
+{
+    in_entry_launch = false;
+    if (ticket.active) {
+        fs_hook_depth++;
+        fs_engine_launch_exit(&ticket, queued);
+        fs_hook_depth--;
+    }
+    if (FS_UNLIKELY(++entry_launches % CHECK_EVERY == 0) &&
+        __atomic_load_n(&check, __ATOMIC_RELAXED) == CHECKING &&
+        fs_engine_iterations_followed() >= CHECK_ITERATIONS)
+        end_check();
+}
+
+/* A launch reached the driver past the wrappers (entry_on): the wrappers stop reporting, and
+ * CUPTI, whose launch callbacks are still on, tracks every launch from this one on. */
+static void missed_launch(const CUpti_CallbackData *cb)
+{
+    pthread_mutex_lock(&report_lock);
+    if (check != MISSED) {
+        __atomic_store_n(&check, MISSED, __ATOMIC_RELAXED);
+        __atomic_store_n(&entry_on, false, __ATOMIC_SEQ_CST);
+        FS_WARN("LAUNCH_HOOK=entry: a launch of %s (%s) reached the driver through no entry point "
+                "that flexshim wraps; launches are watched through CUPTI for the rest of the run "
+                "(as with LAUNCH_HOOK=cupti)",
+                cb->symbolName ? cb->symbolName : "a kernel", cb->functionName);
+    }
+    pthread_mutex_unlock(&report_lock);
 }
 
 int fs_shim_tracking_start(void)
@@ -285,6 +384,10 @@ int fs_shim_tracking_start(void)
                 "launches cannot be tracked");
         return FS_ERR_UNSUPPORTED;
     }
-    FS_DEBUG("launch tracking through CUPTI is on");
+    pthread_mutex_lock(&report_lock);
+    entry_mode = fs_config_u64(fs_engine_config(), FS_P_LAUNCH_HOOK) == FS_LAUNCH_HOOK_ENTRY;
+    __atomic_store_n(&entry_on, entry_mode && check != MISSED, __ATOMIC_SEQ_CST);
+    pthread_mutex_unlock(&report_lock);
+    FS_DEBUG("launch tracking through %s is on", entry_mode ? "the driver's entry points" : "CUPTI");
     return FS_OK;
 }

@@ -4,6 +4,8 @@
 
 #include <stdbool.h>
 
+#include "cuda_api.h"
+
 /* Subscribe to CUPTI and enable the launch callbacks; the engine calls it once, when it starts.
  * On failure it has said why, and the program runs unmanaged. */
 int fs_shim_tracking_start(void);
@@ -11,5 +13,16 @@ int fs_shim_tracking_start(void);
 /* Stop (PAUSED) or resume the launch reports; FS_OK once every one changed (the engine's
  * PAUSE_TRACKING). */
 int fs_shim_tracking_pause(bool paused);
+
+/* LAUNCH_HOOK=entry (cupti.c): a wrapper of a driver launch function (entry.c) reports the launch
+ * described by PARAMS, the CUPTI parameter struct of callback id CBID, before calling the driver;
+ * true when it was reported, and then fs_shim_launch_exit must follow, QUEUED when the driver
+ * accepted it. */
+bool fs_shim_launch_enter(CUpti_CallbackId cbid, const void *params);
+void fs_shim_launch_exit(bool queued);
+
+/* Substitute the driver's launch functions in dlsym and cuGetProcAddress lookups (entry.c): set
+ * once the configuration is read, with LAUNCH_HOOK=entry. */
+void fs_shim_entry_setup(bool on);
 
 #endif

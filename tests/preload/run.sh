@@ -78,8 +78,9 @@ run_prog "$tmp/lf" FLEXTENSOR_LOG_LEVEL=info FLEXTENSOR_LOG_FILE="$tmp/shim.log"
 expect "log goes to FLEXTENSOR_LOG_FILE" "$tmp/shim.log" 'info: allocations: 0 managed'
 expect_not "nothing logged to stderr with a log file" "$tmp/lf" '\[flexshim'
 
-# 5. Only the intercepted CUDA names and flexshim_* are exported.
-allowed='^(cudaMalloc|cudaMallocAsync|cudaMallocPitch|cudaFree|cudaMemGetInfo|cudaPointerGetAttributes|cuMemGetInfo_v2|cuPointerGetAttribute|cuPointerGetAttributes|flexshim_[a-z_]+)$'
+# 5. Only the intercepted CUDA names, dlsym (LAUNCH_HOOK=entry, shim/entry.c) and flexshim_* are
+# exported.
+allowed='^(dlsym|cudaMalloc|cudaMallocAsync|cudaMallocPitch|cudaFree|cudaMemGetInfo|cudaPointerGetAttributes|cuMemGetInfo_v2|cuPointerGetAttribute|cuPointerGetAttributes|flexshim_[a-z_]+)$'
 nm -D --defined-only "$LIB" | awk '$2 ~ /^[TWDBRV]$/ {print $3}' | grep -v '^_' | sort >"$tmp/exports"
 grep -Evq "$allowed" "$tmp/exports" && fail "only CUDA hooks and flexshim_* exported" "extra: $(grep -Ev "$allowed" "$tmp/exports" | tr '\n' ' ')" || ok "only CUDA hooks and flexshim_* exported"
 expect "cudaMalloc is exported" "$tmp/exports" '^cudaMalloc$'

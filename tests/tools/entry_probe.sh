@@ -33,6 +33,8 @@ entry_probe_tests() {
     expect "entry probe: the driver's counts without it" "$d/plain.out" '^driver calls: 6 5 7 0; results as the driver gave them$'
     expect "entry probe: every launch reaches the driver's own function, with its result" "$d/probe.out" \
         '^driver calls: 6 5 7 0; results as the driver gave them$'
+    expect "entry probe: the program was handed its wrappers, by every route" "$d/probe.out" \
+        '^launch functions from: (libfs_entry_probe.so ){4}libfs_entry_probe.so$'
     expect "entry probe: it counted the 18 launches, by variant" "$d/probe.err" \
         '^entry_probe: pid [0-9]+: 18 launches through the wrappers \(cuLaunchKernel@0x[0-9a-f]+ 6, cuLaunchKernel_ptsz@0x[0-9a-f]+ 5, cuLaunchKernelEx@0x[0-9a-f]+ 7\); 5 cuGetProcAddress queries, 0 launch functions handed out unwrapped'
     LD_PRELOAD=$lib python3 -c 'pass' >"$d/quiet.out" 2>&1

@@ -4,16 +4,28 @@
  * name) and calls them: 3 cuLaunchKernel, 5 cuLaunchKernel_ptsz, 7 cuLaunchKernelEx (whose
  * error it must get back), 2 through cuLaunchKernel found by name, 1 through cuLaunchKernel from
  * the cuGetProcAddress that cuGetProcAddress gives for CUDA 13 (the five-argument one, whose
- * status it must fill). Prints the driver's counts. */
+ * status it must fill). Prints the driver's counts, and the library each of the five launch
+ * functions it was handed lies in (the driver's, or an interposer's wrapper). */
+#define _GNU_SOURCE /* dladdr */
 #include <cuda.h>
 #include <dlfcn.h>
 #include <stdio.h>
+#include <string.h>
 
 typedef CUresult (*gpa_fn)(const char *, void **, int, cuuint64_t,
                            CUdriverProcAddressQueryResult *);
 typedef CUresult (*launch_fn)(CUfunction, unsigned, unsigned, unsigned, unsigned, unsigned,
                               unsigned, unsigned, CUstream, void **, void **);
 typedef CUresult (*launch_ex_fn)(const CUlaunchConfig *, CUfunction, void **, void **);
+
+static const char *lib_of(void *fn)
+{
+    Dl_info info;
+    if (!dladdr(fn, &info) || !info.dli_fname)
+        return "?";
+    const char *slash = strrchr(info.dli_fname, '/');
+    return slash ? slash + 1 : info.dli_fname;
+}
 
 int main(int argc, char **argv)
 {
@@ -53,5 +65,7 @@ int main(int argc, char **argv)
     const unsigned long *calls = dlsym(h, "fake_calls");
     printf("driver calls: %lu %lu %lu %lu; results %s\n", calls[0], calls[1], calls[2], calls[3],
            bad ? "WRONG" : "as the driver gave them");
+    printf("launch functions from: %s %s %s %s %s\n", lib_of(plain), lib_of(ptsz), lib_of(ex),
+           lib_of((void *)named), lib_of(again));
     return 0;
 }
