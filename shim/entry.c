@@ -167,6 +167,10 @@ static void *wrap(void *real, int i, bool ptsz)
 }
 
 /* ---- lookups ------------------------------------------------------------------------------------ */
+/* The sanitizer runtime looks its functions up through dlsym (this one, exported) before it has
+ * set itself up, so the path of a lookup that substitutes nothing is not instrumented. */
+#define NOT_INSTRUMENTED __attribute__((no_sanitize("address", "undefined")))
+
 static CUresult gpa_v2(const char *symbol, void **pfn, int version, cuuint64_t flags,
                        CUdriverProcAddressQueryResult *status);
 static CUresult gpa_v1(const char *symbol, void **pfn, int version, cuuint64_t flags);
@@ -175,12 +179,13 @@ static CUresult gpa_v1(const char *symbol, void **pfn, int version, cuuint64_t f
  * for the per-thread default stream's variant. GPA_V2: a "cuGetProcAddress" found is the
  * five-argument cuGetProcAddress_v2 (asked of cuGetProcAddress for CUDA 12 or later; the library's
  * exported "cuGetProcAddress" is the four-argument one). */
-static void *substitute(const char *symbol, void *real, bool ptsz_flag, bool gpa_v2_abi)
+NOT_INSTRUMENTED static void *substitute(const char *symbol, void *real, bool ptsz_flag,
+                                         bool gpa_v2_abi)
 {
     /* flexshim's own lookups get wrappers too, which pass its launches (engine threads, inside a
      * hook) straight on */
-    if (!real || !symbol || !__atomic_load_n(&substituting, __ATOMIC_RELAXED) ||
-        strncmp(symbol, "cu", 2) != 0)
+    if (!__atomic_load_n(&substituting, __ATOMIC_RELAXED) || !real || !symbol ||
+        symbol[0] != 'c' || symbol[1] != 'u')
         return real;
     bool gpa = !strcmp(symbol, "cuGetProcAddress");
     if (!strcmp(symbol, "cuGetProcAddress_v2") ||
@@ -216,7 +221,7 @@ static CUresult gpa_v1(const char *symbol, void **pfn, int version, cuuint64_t f
     return r;
 }
 
-static dlsym_fn next_dlsym(void)
+NOT_INSTRUMENTED static dlsym_fn next_dlsym(void)
 {
     dlsym_fn d = __atomic_load_n(&real_dlsym, __ATOMIC_ACQUIRE);
     if (FS_LIKELY(d != NULL))
@@ -231,8 +236,8 @@ static dlsym_fn next_dlsym(void)
 
 /* RTLD_NEXT is relative to the caller, which the real dlsym finds from its return address: that
  * lookup is a tail call (a jump), so the address is still the caller's. */
-__attribute__((optimize("optimize-sibling-calls"))) FS_EXPORT void *dlsym(void *handle,
-                                                                          const char *symbol)
+NOT_INSTRUMENTED __attribute__((optimize("optimize-sibling-calls"))) FS_EXPORT void *
+dlsym(void *handle, const char *symbol)
 {
     dlsym_fn d = next_dlsym();
     if (handle == RTLD_NEXT || !d)

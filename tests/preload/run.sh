@@ -111,4 +111,33 @@ done)
 "$TOOL" frobnicate >/dev/null 2>&1; rc=$?
 [ $rc = 2 ] && ok "unknown command exits 2" || fail "unknown command exits 2" "exit $rc"
 
+# 7. The exported dlsym (shim/entry.c). With LAUNCH_HOOK=entry the driver's launch functions that
+# a program looks up, by every route the CUDA runtime and Triton use, are flexshim's wrappers, and
+# each launch reaches the driver's function asked for with its result (tests/tools/entry_prog.c on
+# the stand-in driver tests/tools/entry_fake_cuda.c); with cupti they are the driver's own. A
+# dlsym(RTLD_NEXT) stays relative to its caller (tests/preload/next_lib.c).
+inc=${CUDA_HOME:-/usr/local/cuda}/include
+if ${CC:-cc} -std=c11 -fPIC -shared -I"$inc" -o "$tmp/libcuda.so.1" tests/tools/entry_fake_cuda.c >"$tmp/o" 2>&1 &&
+   ${CC:-cc} -std=c11 -I"$inc" -o "$tmp/entry_prog" tests/tools/entry_prog.c -ldl >>"$tmp/o" 2>&1 &&
+   ${CC:-cc} -std=c11 -fPIC -shared -DNEXT_VALUE=2 -o "$tmp/libnext2.so" tests/preload/next_lib.c -ldl >>"$tmp/o" 2>&1 &&
+   ${CC:-cc} -std=c11 -fPIC -shared -DNEXT_VALUE=3 -o "$tmp/libnext3.so" tests/preload/next_lib.c -ldl >>"$tmp/o" 2>&1; then
+    for hook in cupti entry; do
+        (cd "$tmp" && env $(env | sed -n 's/^\(FLEXTENSOR_[A-Za-z0-9_]*\)=.*/-u \1/p') LD_PRELOAD="$PRELOAD" \
+            FLEXTENSOR_CONFIG= FLEXTENSOR_LAUNCH_HOOK=$hook ./entry_prog "$tmp/libcuda.so.1") >"$tmp/entry_$hook" 2>&1
+        expect "LAUNCH_HOOK=$hook: every launch reaches the driver's function asked for, with its result" "$tmp/entry_$hook" \
+            '^driver calls: 6 5 7 0; results as the driver gave them$'
+    done
+    expect "LAUNCH_HOOK=entry: the program is handed flexshim's wrappers, by every route" "$tmp/entry_entry" \
+        '^launch functions from: (libflexshim.so ){4}libflexshim.so$'
+    expect "LAUNCH_HOOK=cupti: the program is handed the driver's own functions" "$tmp/entry_cupti" \
+        '^launch functions from: (libcuda.so.1 ){4}libcuda.so.1$'
+    for pre in "$tmp/libnext2.so:$tmp/libnext3.so" "$PRELOAD:$tmp/libnext2.so:$tmp/libnext3.so"; do
+        LD_PRELOAD="$pre" python3 -c 'import ctypes; print("chain", ctypes.CDLL(None).next_chain())' \
+            >"$tmp/next" 2>&1
+        expect "dlsym(RTLD_NEXT) finds the library after its caller (preload: ${pre//$tmp\//})" "$tmp/next" '^chain 23$'
+    done
+else
+    fail "build the stand-in driver, its program and the RTLD_NEXT libraries" "$(tail -5 "$tmp/o")"
+fi
+
 finish
