@@ -31,8 +31,9 @@
 #                 plain device memory
 #   g  launch     tests/gpu/launch_probe.cu: the host's time to queue a launch, without the
 #                 shim, with it started paused from a profile, with the library loaded but
-#                 disabled (FLEXTENSOR_ENABLED=0), and watching every launch
-#                 (PAUSE_TRACKING=0); LAUNCH_ROUNDS rounds, pinned to LAUNCH_CPUS; outputs
+#                 disabled (FLEXTENSOR_ENABLED=0), watching every launch (PAUSE_TRACKING=0),
+#                 and watching them through the driver entry points (LAUNCH_HOOK=entry: its
+#                 check must end); LAUNCH_ROUNDS rounds, pinned to LAUNCH_CPUS; outputs
 #                 identical (the numbers are reported, not judged)
 # Every shimmed process runs with FLEXTENSOR_LOG_LEVEL=info and its own FLEXTENSOR_LOG_FILE; the
 # shim's exit counters (allocations / residency / launches) are extracted and printed.
@@ -611,7 +612,7 @@ median() { sort -g | awk '{ v[NR] = $1 } END { if (NR) print v[int((NR + 1) / 2)
 
 step_g() {
     local t0 bin=$WORK/launch_probe d=$WORK/launch prof=$WORK/launch/prof.json r side rc
-    local sides=(noshim shim off watch) bad=0 notes="" base q
+    local sides=(noshim shim off watch entry) bad=0 notes="" base q
     t0=$(now)
     mkdir -p "$d"
     echo "building: $NVCC -O2 -arch=sm_90 -cudart shared -o $bin tests/gpu/launch_probe.cu -lcuda"
@@ -631,7 +632,9 @@ step_g() {
     fi
     # Sides alternate in each round, pinned to the same cores: noshim; shim (from the profile:
     # starts paused, CUPTI not loaded); off (the library loaded, FLEXTENSOR_ENABLED=0); watch
-    # (FLEXTENSOR_PAUSE_TRACKING=0: every launch seen through CUPTI).
+    # (FLEXTENSOR_PAUSE_TRACKING=0: every launch seen through CUPTI); entry (the same with
+    # FLEXTENSOR_LAUNCH_HOOK=entry: every launch seen through the driver entry points' wrappers,
+    # CUPTI's launch callbacks off once two iterations of the plan came through them).
     for r in $(seq 1 "$LAUNCH_ROUNDS"); do
         for side in "${sides[@]}"; do
             local envs=()
@@ -640,6 +643,8 @@ step_g() {
             off) envs=($(shim_env "$d/$side-$r.log" 1GiB) FLEXTENSOR_ENABLED=0) ;;
             watch) envs=($(shim_env "$d/$side-$r.log" 1GiB) FLEXTENSOR_PROFILE="$prof"
                 FLEXTENSOR_PAUSE_TRACKING=0) ;;
+            entry) envs=($(shim_env "$d/$side-$r.log" 1GiB) FLEXTENSOR_PROFILE="$prof"
+                FLEXTENSOR_PAUSE_TRACKING=0 FLEXTENSOR_LAUNCH_HOOK=entry) ;;
             esac
             timeout -k 10 "$(tmo 60)" env "${envs[@]}" taskset -c "$LAUNCH_CPUS" "$bin" \
                 >"$d/$side-$r.out" 2>"$d/$side-$r.err"
@@ -652,7 +657,8 @@ step_g() {
                 awk '{ print $5 }' >>"$d/$side.queue"
         done
     done
-    grep -h "launch tracking\|launches:" "$d"/shim-1.log "$d"/watch-1.log 2>/dev/null | cut -c1-300
+    grep -h "launch tracking\|launches:\|LAUNCH_HOOK" "$d"/shim-1.log "$d"/watch-1.log "$d"/entry-1.log \
+        2>/dev/null | cut -c1-300
     base=$(median <"$d/noshim.queue")
     for side in "${sides[@]}"; do
         q=$(median <"$d/$side.queue")
@@ -665,6 +671,8 @@ step_g() {
         record g FAIL "a run failed or its output differs; $notes"
     elif ! grep -q "launch tracking starts paused" "$d/shim-1.log"; then
         record g FAIL "the shim did not start paused from the profile; $notes"
+    elif ! grep -q "LAUNCH_HOOK=entry: every launch of" "$d/entry-1.log"; then
+        record g FAIL "LAUNCH_HOOK=entry did not end its check (CUPTI still reporting launches); $notes"
     else
         record g PASS "$notes"
     fi
