@@ -697,7 +697,7 @@ static void test_plan_runs_from_saved_profile(void **state)
     fs_sim_get_stats(dev, &sim);
     assert_true(st.res.fingerprints > 0);
     assert_int_equal(st.res.fingerprints, sim.fingerprints);
-    assert_int_equal(sim.blocking_events_made, 0); /* COPY_WAIT=context, the default */
+    assert_int_equal(sim.blocking_events_made, 0); /* COPY_WAIT=predict, the default */
     stop(dev);
     unlink(path);
 }
