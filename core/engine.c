@@ -994,6 +994,10 @@ void fs_engine_shutdown(void)
             (unsigned long long)s.launch.unknown, (unsigned long long)s.launch.layout_queries,
             (unsigned long long)s.tracking_pauses, (unsigned long long)s.tracking_resumes,
             (unsigned long long)s.res.frozen, (unsigned long long)s.res.plain_made);
+    FS_INFO("launch references found in: %llu copies' and memsets' ranges, %llu packed (extra) "
+            "parameter buffers, %llu kernels' parameters",
+            (unsigned long long)s.launch.refs_in_ranges, (unsigned long long)s.launch.refs_in_extra,
+            (unsigned long long)s.launch.refs_in_params);
     if (s.res.stage_ins > 0 || s.res.redirected > 0)
         FS_INFO("redirect: %llu device copies made (%llu bytes), %llu ended; %llu launches "
                 "redirected to them (%llu parameter words); %llu copies ended early for a launch "

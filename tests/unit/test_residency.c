@@ -485,9 +485,20 @@ static void test_layout_cache_and_unknown_launches(void **state)
     assert_int_equal(t.n, 1);
     assert_int_equal(t.refs[0]->va, v);
     fs_launch_exit(&e.res, &t, true);
+    /* A copy's device range: its first and last byte. */
+    const uint64_t ends[2] = {v + 64, v + 64 + 4095};
+    struct fs_launch_desc copy = {.stream = e.stream, .ptrs = ends, .nptrs = 2};
+    fs_launch_enter(&e.res, &copy, &t);
+    assert_int_equal(t.n, 1);
+    fs_launch_exit(&e.res, &t, true);
     fs_launch_get_stats(&after);
     assert_int_equal(after.unknown - before.unknown, 1);
-    assert_int_equal(after.with_refs - before.with_refs, 3);
+    assert_int_equal(after.with_refs - before.with_refs, 4);
+    /* Where each was found: the two add_one launches in their parameters, the packed buffer,
+     * the copy's range. */
+    assert_int_equal(after.refs_in_params - before.refs_in_params, 2);
+    assert_int_equal(after.refs_in_extra - before.refs_in_extra, 1);
+    assert_int_equal(after.refs_in_ranges - before.refs_in_ranges, 1);
     env_close(&e);
 }
 
