@@ -301,7 +301,9 @@ void fs_shim_launch_exit(bool queued)
 }
 
 /* A launch reached the driver past the wrappers (entry_on): the wrappers stop reporting, and
- * CUPTI, whose launch callbacks are still on, tracks every launch from this one on. */
+ * CUPTI, whose launch callbacks are still on, tracks every launch from this one on. (A launch
+ * that a wrapper passed on just before tracking started on another thread looks the same: the
+ * run then goes on with CUPTI, which is safe.) */
 static void missed_launch(const CUpti_CallbackData *cb)
 {
     pthread_mutex_lock(&report_lock);

@@ -175,17 +175,25 @@ static CUresult gpa_v2(const char *symbol, void **pfn, int version, cuuint64_t f
                        CUdriverProcAddressQueryResult *status);
 static CUresult gpa_v1(const char *symbol, void **pfn, int version, cuuint64_t flags);
 
-/* What a lookup of SYMBOL that found REAL hands out instead. PTSZ_FLAG: cuGetProcAddress was asked
- * for the per-thread default stream's variant. GPA_V2: a "cuGetProcAddress" found is the
- * five-argument cuGetProcAddress_v2 (asked of cuGetProcAddress for CUDA 12 or later; the library's
- * exported "cuGetProcAddress" is the four-argument one). */
-NOT_INSTRUMENTED static void *substitute(const char *symbol, void *real, bool ptsz_flag,
-                                         bool gpa_v2_abi)
+/* A lookup of SYMBOL may be substituted: LAUNCH_HOOK=entry, and cuGetProcAddress or a launch
+ * function. */
+NOT_INSTRUMENTED static bool substitutable(const char *symbol)
 {
-    /* flexshim's own lookups get wrappers too, which pass its launches (engine threads, inside a
-     * hook) straight on */
-    if (!__atomic_load_n(&substituting, __ATOMIC_RELAXED) || !real || !symbol ||
-        symbol[0] != 'c' || symbol[1] != 'u')
+    bool ptsz;
+    return __atomic_load_n(&substituting, __ATOMIC_RELAXED) && symbol && symbol[0] == 'c' &&
+           symbol[1] == 'u' &&
+           (!strncmp(symbol, "cuGetProcAddress", 16) || launch_index(symbol, &ptsz) >= 0);
+}
+
+/* What a lookup of SYMBOL that found REAL hands out instead (LAUNCH_HOOK=entry). PTSZ_FLAG:
+ * cuGetProcAddress was asked for the per-thread default stream's variant. GPA_V2_ABI: a
+ * "cuGetProcAddress" found is the five-argument cuGetProcAddress_v2 (asked of cuGetProcAddress for
+ * CUDA 12 or later; the library's exported "cuGetProcAddress" is the four-argument one).
+ * flexshim's own lookups get wrappers too, which pass its launches (engine threads, inside a hook)
+ * straight on. */
+static void *substitute(const char *symbol, void *real, bool ptsz_flag, bool gpa_v2_abi)
+{
+    if (!real || !symbol)
         return real;
     bool gpa = !strcmp(symbol, "cuGetProcAddress");
     if (!strcmp(symbol, "cuGetProcAddress_v2") ||
@@ -234,14 +242,17 @@ NOT_INSTRUMENTED static dlsym_fn next_dlsym(void)
     return d;
 }
 
-/* RTLD_NEXT is relative to the caller, which the real dlsym finds from its return address: that
- * lookup is a tail call (a jump), so the address is still the caller's. */
+/* Every lookup but one to substitute is the real dlsym's own, by a tail call (a jump), so the
+ * return address it reads is still the caller's: RTLD_NEXT, and the namespace RTLD_DEFAULT
+ * searches, are the caller's. */
 NOT_INSTRUMENTED __attribute__((optimize("optimize-sibling-calls"))) FS_EXPORT void *
 dlsym(void *handle, const char *symbol)
 {
     dlsym_fn d = next_dlsym();
-    if (handle == RTLD_NEXT || !d)
-        return d ? d(handle, symbol) : NULL;
+    if (!d)
+        return NULL;
+    if (handle == RTLD_NEXT || !substitutable(symbol))
+        return d(handle, symbol);
     return substitute(symbol, d(handle, symbol), false, false);
 }
 
