@@ -9,10 +9,11 @@
  * With LAUNCH_HOOK=entry the launches come from the driver entry points' wrappers (entry.c)
  * instead, through fs_shim_launch_enter/exit, and CUPTI keeps the copies and memsets. Its launch
  * callbacks stay on as a check until the plan has followed the program through two iterations:
- * a launch that no wrapper passed on is tracked here, and launch tracking then stays with CUPTI
- * for the rest of the run. After the check, CUPTI reports no launches. */
+ * a launch that no wrapper passed on is tracked here, and CUPTI then keeps reporting launches for
+ * the rest of the run. After a check with no such launch, CUPTI reports no launches. */
 #include <pthread.h>
 #include <stddef.h>
+#include <stdio.h>
 #include <string.h>
 
 #include "engine.h"
@@ -25,14 +26,22 @@
 static CUpti_SubscriberHandle subscriber;
 static FS_TLS struct fs_launch_ticket ticket;
 
-/* LAUNCH_HOOK=entry: ENTRY_ON while the wrappers report launches (atomic; off while paused and
- * for good once a launch came past them); CHECK is where CUPTI's launch check stands. */
-static bool entry_mode, entry_on;
-static enum { CHECKING, CHECKED, MISSED } check;
-static pthread_mutex_t report_lock = PTHREAD_MUTEX_INITIALIZER; /* CUPTI's switches and CHECK */
-/* The calling thread's launch came through a wrapper that reported it: CUPTI's callbacks for it
- * pass. */
-static FS_TLS bool in_entry_launch;
+/* LAUNCH_HOOK=entry: ENTRY_ON while the wrappers report launches (atomic; off while paused).
+ * CHECK (atomic) is where CUPTI's launch check stands: CHECKING (CUPTI reports launches too, and
+ * tracks any that no wrapper reported), CHECKED (CUPTI reports none), MISSED (a launch came past
+ * the wrappers: CUPTI reports launches for the rest of the run and tracks the ones the wrappers
+ * do not). It changes only by compare-and-swap or exchange, so a miss seen in a callback (which
+ * must not take REPORT_LOCK: the thread switching CUPTI's reports holds it) and the check's end
+ * cannot both win. LATE_MISS: a miss the check's end had already passed, for the next wrapper
+ * call to act on outside any callback. */
+enum { CHECKING, CHECKED, MISSED };
+static bool entry_mode, entry_on, late_miss;
+static int check = CHECKING;
+static bool paused_now; /* the engine paused tracking (REPORT_LOCK) */
+static pthread_mutex_t report_lock = PTHREAD_MUTEX_INITIALIZER; /* CUPTI's switches */
+/* The calling thread is in a wrapper's call of the driver (IN_WRAPPER), and the wrapper reported
+ * the launch (IN_ENTRY_LAUNCH): CUPTI's callbacks for it pass. */
+static FS_TLS bool in_wrapper, in_entry_launch;
 static FS_TLS unsigned entry_launches; /* this thread's, for spacing the check's look */
 #define CHECK_EVERY 1024
 #define CHECK_ITERATIONS 3 /* the plan's first launch reached 3 times: 2 iterations followed */
@@ -185,7 +194,7 @@ static bool describe(CUpti_CallbackId cbid, const void *params, struct fs_launch
     return true;
 }
 
-static void missed_launch(const CUpti_CallbackData *cb);
+static bool missed_launch(const CUpti_CallbackData *cb);
 
 static void CUPTIAPI on_driver_call(void *userdata, CUpti_CallbackDomain domain,
                                     CUpti_CallbackId cbid, const void *data)
@@ -200,14 +209,14 @@ static void CUPTIAPI on_driver_call(void *userdata, CUpti_CallbackDomain domain,
     fs_hook_depth++;
     if (cb->callbackSite == CUPTI_API_ENTER) {
         struct fs_launch_desc d;
-        if (describe(cbid, cb->functionParams, &d)) {
-            if (FS_UNLIKELY(cbid_kind[cbid] == KIND_KERNEL &&
-                            __atomic_load_n(&entry_on, __ATOMIC_RELAXED)))
-                missed_launch(cb);
+        bool track = describe(cbid, cb->functionParams, &d);
+        if (FS_UNLIKELY(track && cbid_kind[cbid] == KIND_KERNEL && !in_wrapper &&
+                        __atomic_load_n(&entry_on, __ATOMIC_SEQ_CST)))
+            track = missed_launch(cb);
+        if (track)
             fs_engine_launch_enter(&d, &ticket);
-        } else {
+        else
             ticket.active = false;
-        }
     } else if (ticket.active) {
         const CUresult *res = cb->functionReturnValue;
         fs_engine_launch_exit(&ticket, res && *res == CUDA_SUCCESS);
@@ -237,7 +246,8 @@ static int report(CUpti_CallbackId cbid, bool on)
 /* Whether CUPTI reports driver call CBID while tracking is on. */
 static bool reported(uint32_t cbid)
 {
-    return cbid_kind[cbid] != KIND_NONE && (cbid_kind[cbid] != KIND_KERNEL || check != CHECKED);
+    return cbid_kind[cbid] != KIND_NONE &&
+           (cbid_kind[cbid] != KIND_KERNEL || __atomic_load_n(&check, __ATOMIC_SEQ_CST) != CHECKED);
 }
 
 int fs_shim_tracking_pause(bool paused)
@@ -247,15 +257,47 @@ int fs_shim_tracking_pause(bool paused)
     for (uint32_t cbid = 1; cbid < CUPTI_DRIVER_TRACE_CBID_SIZE; cbid++)
         if (reported(cbid) && report(cbid, !paused) != FS_OK)
             rc = FS_ERR_DEVICE;
-    __atomic_store_n(&entry_on, entry_mode && !paused && check != MISSED, __ATOMIC_SEQ_CST);
+    paused_now = paused;
+    __atomic_store_n(&entry_on, entry_mode && !paused, __ATOMIC_SEQ_CST);
     pthread_mutex_unlock(&report_lock);
     return rc;
 }
 
 /* ---- LAUNCH_HOOK=entry -------------------------------------------------------------------------- */
+/* Have CUPTI report the launch functions (ON) or not, all of them or none: FS_OK when done.
+ * REPORT_LOCK held. */
+static int report_launches(bool on)
+{
+    int rc = FS_OK;
+    for (uint32_t cbid = 1; cbid < CUPTI_DRIVER_TRACE_CBID_SIZE && rc == FS_OK; cbid++)
+        if (cbid_kind[cbid] == KIND_KERNEL)
+            rc = report(cbid, on);
+    if (rc != FS_OK && !on)
+        report_launches(true);
+    return rc;
+}
+
+/* CUPTI reports launches again for the rest of the run (MISSED), WHY said once. Never inside a
+ * CUPTI callback. */
+static void back_to_cupti(const char *why)
+{
+    pthread_mutex_lock(&report_lock);
+    __atomic_store_n(&late_miss, false, __ATOMIC_SEQ_CST);
+    if (__atomic_load_n(&check, __ATOMIC_SEQ_CST) == CHECKED && !paused_now &&
+        report_launches(true) != FS_OK)
+        FS_WARN("LAUNCH_HOOK=entry: CUPTI would not report launches again; launches that reach the "
+                "driver past flexshim's wrappers go unseen");
+    if (__atomic_exchange_n(&check, MISSED, __ATOMIC_SEQ_CST) != MISSED)
+        FS_WARN("LAUNCH_HOOK=entry: %s; launches are watched through CUPTI as well for the rest of "
+                "the run",
+                why);
+    pthread_mutex_unlock(&report_lock);
+}
+
 bool fs_shim_launch_enter(CUpti_CallbackId cbid, const void *params)
 {
-    if (!__atomic_load_n(&entry_on, __ATOMIC_RELAXED) || fs_hook_depth > 0 || fs_thread_internal)
+    in_wrapper = true;
+    if (!__atomic_load_n(&entry_on, __ATOMIC_SEQ_CST) || fs_hook_depth > 0 || fs_thread_internal)
         return false;
     fs_hook_depth++;
     struct fs_launch_desc d;
@@ -270,15 +312,15 @@ bool fs_shim_launch_enter(CUpti_CallbackId cbid, const void *params)
 static void end_check(void)
 {
     pthread_mutex_lock(&report_lock);
-    if (check != CHECKING || !__atomic_load_n(&entry_on, __ATOMIC_SEQ_CST))
+    int want = CHECKING;
+    if (__atomic_load_n(&check, __ATOMIC_SEQ_CST) != CHECKING || paused_now ||
+        report_launches(false) != FS_OK)
+        goto out; /* (CUPTI refused: it goes on checking, and the next look tries again) */
+    if (!__atomic_compare_exchange_n(&check, &want, CHECKED, false, __ATOMIC_SEQ_CST,
+                                     __ATOMIC_SEQ_CST)) {
+        report_launches(true); /* a miss meanwhile: CUPTI tracks launches again */
         goto out;
-    int rc = FS_OK;
-    for (uint32_t cbid = 1; cbid < CUPTI_DRIVER_TRACE_CBID_SIZE && rc == FS_OK; cbid++)
-        if (cbid_kind[cbid] == KIND_KERNEL)
-            rc = report(cbid, false);
-    if (rc != FS_OK)
-        goto out; /* CUPTI goes on checking; the next look tries again */
-    __atomic_store_n(&check, CHECKED, __ATOMIC_RELAXED);
+    }
     FS_INFO("LAUNCH_HOOK=entry: every launch of %d iterations came through the driver's entry "
             "points; CUPTI reports no launches from now on",
             CHECK_ITERATIONS - 1);
@@ -286,36 +328,55 @@ out:
     pthread_mutex_unlock(&report_lock);
 }
 
-void fs_shim_launch_exit(bool queued)
+void fs_shim_launch_exit(bool tracked, bool queued)
 {
-    in_entry_launch = false;
+    in_wrapper = in_entry_launch = false;
+    if (!tracked)
+        return;
     if (ticket.active) {
         fs_hook_depth++;
         fs_engine_launch_exit(&ticket, queued);
         fs_hook_depth--;
     }
-    if (FS_UNLIKELY(++entry_launches % CHECK_EVERY == 0) &&
-        __atomic_load_n(&check, __ATOMIC_RELAXED) == CHECKING &&
-        fs_engine_iterations_followed() >= CHECK_ITERATIONS)
+    if (FS_UNLIKELY(__atomic_load_n(&late_miss, __ATOMIC_RELAXED)))
+        back_to_cupti("a launch reached the driver through no entry point that flexshim wraps "
+                      "as its check ended");
+    else if (FS_UNLIKELY(++entry_launches % CHECK_EVERY == 0) &&
+             __atomic_load_n(&check, __ATOMIC_RELAXED) == CHECKING &&
+             fs_engine_iterations_followed() >= CHECK_ITERATIONS)
         end_check();
 }
 
-/* A launch reached the driver past the wrappers (entry_on): the wrappers stop reporting, and
- * CUPTI, whose launch callbacks are still on, tracks every launch from this one on. (A launch
- * that a wrapper passed on just before tracking started on another thread looks the same: the
- * run then goes on with CUPTI, which is safe.) */
-static void missed_launch(const CUpti_CallbackData *cb)
+void fs_shim_entry_unwrapped(const char *name)
 {
-    pthread_mutex_lock(&report_lock);
-    if (check != MISSED) {
-        __atomic_store_n(&check, MISSED, __ATOMIC_RELAXED);
-        __atomic_store_n(&entry_on, false, __ATOMIC_SEQ_CST);
-        FS_WARN("LAUNCH_HOOK=entry: a launch of %s (%s) reached the driver through no entry point "
-                "that flexshim wraps; launches are watched through CUPTI for the rest of the run "
-                "(as with LAUNCH_HOOK=cupti)",
-                cb->symbolName ? cb->symbolName : "a kernel", cb->functionName);
+    if (__atomic_load_n(&entry_mode, __ATOMIC_RELAXED)) {
+        char why[128];
+        snprintf(why, sizeof(why), "%s was handed out unwrapped (more variants than it has room for)",
+                 name);
+        back_to_cupti(why);
     }
-    pthread_mutex_unlock(&report_lock);
+}
+
+/* In a CUPTI callback: a launch reached the driver past the wrappers (ENTRY_ON, and not inside a
+ * wrapper); true when it is to be tracked here. While the check runs, CUPTI reports launches for
+ * the rest of the run from now on (MISSED) and tracks the ones no wrapper reported. Where the
+ * check has just ended, CUPTI may not report this launch's exit, so it goes untracked, and the
+ * next wrapper call has CUPTI report launches again. */
+static bool missed_launch(const CUpti_CallbackData *cb)
+{
+    int want = CHECKING;
+    if (__atomic_compare_exchange_n(&check, &want, MISSED, false, __ATOMIC_SEQ_CST,
+                                    __ATOMIC_SEQ_CST)) {
+        FS_WARN("LAUNCH_HOOK=entry: a launch of %s (%s) reached the driver through no entry point "
+                "that flexshim wraps; launches are watched through CUPTI as well for the rest of "
+                "the run",
+                cb->symbolName ? cb->symbolName : "a kernel", cb->functionName);
+        return true;
+    }
+    if (want == MISSED)
+        return true;
+    __atomic_store_n(&late_miss, true, __ATOMIC_SEQ_CST);
+    return false;
 }
 
 int fs_shim_tracking_start(void)
@@ -387,8 +448,11 @@ int fs_shim_tracking_start(void)
         return FS_ERR_UNSUPPORTED;
     }
     pthread_mutex_lock(&report_lock);
-    entry_mode = fs_config_u64(fs_engine_config(), FS_P_LAUNCH_HOOK) == FS_LAUNCH_HOOK_ENTRY;
-    __atomic_store_n(&entry_on, entry_mode && check != MISSED, __ATOMIC_SEQ_CST);
+    __atomic_store_n(&entry_mode,
+                     fs_config_u64(fs_engine_config(), FS_P_LAUNCH_HOOK) == FS_LAUNCH_HOOK_ENTRY,
+                     __ATOMIC_RELAXED);
+    paused_now = false;
+    __atomic_store_n(&entry_on, entry_mode, __ATOMIC_SEQ_CST);
     pthread_mutex_unlock(&report_lock);
     FS_DEBUG("launch tracking through %s is on", entry_mode ? "the driver's entry points" : "CUPTI");
     return FS_OK;

@@ -16,6 +16,10 @@
 #include <pthread.h>
 #include <string.h>
 
+#ifndef __OPTIMIZE__
+#error "shim/entry.c must be built with optimisation (-O1 or more): dlsym forwards by a tail call"
+#endif
+
 #include "engine.h"
 #include "hook.h"
 #include "shim.h"
@@ -56,8 +60,7 @@ static inline CUresult call_plain(void *fn, CUpti_CallbackId cbid, CUfunction f,
     cuLaunchKernel_params args = {f, gx, gy, gz, bx, by, bz, sm, s, p, e};
     bool tracked = fs_shim_launch_enter(cbid, &args);
     CUresult r = ((plain_fn)fn)(f, gx, gy, gz, bx, by, bz, sm, s, p, e);
-    if (tracked)
-        fs_shim_launch_exit(r == CUDA_SUCCESS);
+    fs_shim_launch_exit(tracked, r == CUDA_SUCCESS);
     return r;
 }
 
@@ -67,8 +70,7 @@ static inline CUresult call_ex(void *fn, CUpti_CallbackId cbid, const CUlaunchCo
     cuLaunchKernelEx_params args = {c, f, p, e};
     bool tracked = fs_shim_launch_enter(cbid, &args);
     CUresult r = ((ex_fn)fn)(c, f, p, e);
-    if (tracked)
-        fs_shim_launch_exit(r == CUDA_SUCCESS);
+    fs_shim_launch_exit(tracked, r == CUDA_SUCCESS);
     return r;
 }
 
@@ -79,8 +81,7 @@ static inline CUresult call_coop(void *fn, CUpti_CallbackId cbid, CUfunction f, 
     cuLaunchCooperativeKernel_params args = {f, gx, gy, gz, bx, by, bz, sm, s, p};
     bool tracked = fs_shim_launch_enter(cbid, &args);
     CUresult r = ((coop_fn)fn)(f, gx, gy, gz, bx, by, bz, sm, s, p);
-    if (tracked)
-        fs_shim_launch_exit(r == CUDA_SUCCESS);
+    fs_shim_launch_exit(tracked, r == CUDA_SUCCESS);
     return r;
 }
 
@@ -144,7 +145,8 @@ static int launch_index(const char *name, bool *ptsz)
 }
 
 /* The wrapper standing for REAL, the launch function launch_names[I] (its per-thread-stream
- * variant if PTSZ); REAL itself when the slots are full (CUPTI's check then sees its launches). */
+ * variant if PTSZ); REAL itself when the slots are full, and launch tracking then goes back to
+ * CUPTI. */
 static void *wrap(void *real, int i, bool ptsz)
 {
     enum kind k = launch_names[i].kind;
@@ -163,6 +165,8 @@ static void *wrap(void *real, int i, bool ptsz)
         }
     }
     pthread_mutex_unlock(&slot_lock);
+    if (out == real)
+        fs_shim_entry_unwrapped(launch_names[i].name);
     return out;
 }
 
@@ -253,7 +257,17 @@ dlsym(void *handle, const char *symbol)
         return NULL;
     if (handle == RTLD_NEXT || !substitutable(symbol))
         return d(handle, symbol);
-    return substitute(symbol, d(handle, symbol), false, false);
+    void *real = d(handle, symbol);
+    if (!real && handle == RTLD_DEFAULT) {
+        /* The caller's own scope may hold the driver where flexshim's does not (a library opened
+         * RTLD_LOCAL with its libcuda): the driver already loaded, asked directly. */
+        void *h = dlopen("libcuda.so.1", RTLD_LAZY | RTLD_NOLOAD);
+        if (h) {
+            real = d(h, symbol);
+            dlclose(h);
+        }
+    }
+    return substitute(symbol, real, false, false);
 }
 
 void fs_shim_entry_setup(bool on)

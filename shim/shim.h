@@ -14,12 +14,15 @@ int fs_shim_tracking_start(void);
  * PAUSE_TRACKING). */
 int fs_shim_tracking_pause(bool paused);
 
-/* LAUNCH_HOOK=entry (cupti.c): a wrapper of a driver launch function (entry.c) reports the launch
- * described by PARAMS, the CUPTI parameter struct of callback id CBID, before calling the driver;
- * true when it was reported, and then fs_shim_launch_exit must follow, QUEUED when the driver
- * accepted it. */
+/* LAUNCH_HOOK=entry (cupti.c): a wrapper of a driver launch function (entry.c) calls
+ * fs_shim_launch_enter before calling the driver, with PARAMS the CUPTI parameter struct of
+ * callback id CBID; true when it reported the launch. fs_shim_launch_exit follows the driver's
+ * call in every case, with that result (TRACKED) and QUEUED when the driver accepted the launch. */
 bool fs_shim_launch_enter(CUpti_CallbackId cbid, const void *params);
-void fs_shim_launch_exit(bool queued);
+void fs_shim_launch_exit(bool tracked, bool queued);
+
+/* A launch function NAME was handed out unwrapped (entry.c): launch tracking goes back to CUPTI. */
+void fs_shim_entry_unwrapped(const char *name);
 
 /* Substitute the driver's launch functions in dlsym and cuGetProcAddress lookups (entry.c): set
  * once the configuration is read, with LAUNCH_HOOK=entry. */
