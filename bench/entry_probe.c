@@ -20,6 +20,7 @@
  * B not through a wrapper (the first ones' kernels ...)". bench/overhead.sh runs it as the
  * sides `entry` (cost, against noshim) and `entrycheck` (coverage, with CUPTI). */
 #include <cuda.h>
+#include <cudaTypedefs.h>
 #include <cupti.h>
 #include <dlfcn.h>
 #include <pthread.h>
@@ -33,12 +34,8 @@
 #define EXPORT __attribute__((visibility("default")))
 
 typedef void *(*dlsym_fn)(void *, const char *);
-typedef CUresult (*gpa_v2_fn)(const char *, void **, int, cuuint64_t,
-                              CUdriverProcAddressQueryResult *);
-typedef CUresult (*gpa_v1_fn)(const char *, void **, int, cuuint64_t);
-typedef CUresult (*launch_fn)(CUfunction, unsigned, unsigned, unsigned, unsigned, unsigned,
-                              unsigned, unsigned, CUstream, void **, void **);
-typedef CUresult (*launch_ex_fn)(const CUlaunchConfig *, CUfunction, void **, void **);
+typedef PFN_cuGetProcAddress_v12000 gpa_v2_fn; /* the toolkit's types (cudaTypedefs.h) */
+typedef PFN_cuGetProcAddress_v11030 gpa_v1_fn;
 
 static dlsym_fn real_dlsym;
 static gpa_v2_fn real_gpa_v2;
@@ -62,7 +59,7 @@ static __thread __attribute__((tls_model("initial-exec"))) int in_wrapper;
     {                                                                                              \
         __atomic_add_fetch(&slot_calls[k], 1, __ATOMIC_RELAXED);                                   \
         in_wrapper++;                                                                              \
-        CUresult r = ((launch_fn)slot_real[k])(f, gx, gy, gz, bx, by, bz, sm, s, p, e);            \
+        CUresult r = ((PFN_cuLaunchKernel_v4000)slot_real[k])(f, gx, gy, gz, bx, by, bz, sm, s, p, e);            \
         in_wrapper--;                                                                              \
         return r;                                                                                  \
     }                                                                                              \
@@ -70,7 +67,7 @@ static __thread __attribute__((tls_model("initial-exec"))) int in_wrapper;
     {                                                                                              \
         __atomic_add_fetch(&slot_calls[k], 1, __ATOMIC_RELAXED);                                   \
         in_wrapper++;                                                                              \
-        CUresult r = ((launch_ex_fn)slot_real[k])(c, f, p, e);                                     \
+        CUresult r = ((PFN_cuLaunchKernelEx_v11060)slot_real[k])(c, f, p, e);                                     \
         in_wrapper--;                                                                              \
         return r;                                                                                  \
     }

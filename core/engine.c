@@ -995,7 +995,8 @@ void fs_engine_shutdown(void)
             (unsigned long long)s.tracking_pauses, (unsigned long long)s.tracking_resumes,
             (unsigned long long)s.res.frozen, (unsigned long long)s.res.plain_made);
     FS_INFO("launch references found in: %llu copies' and memsets' ranges, %llu packed (extra) "
-            "parameter buffers, %llu kernels' parameters",
+            "parameter buffers, %llu kernels' parameters (each referencing launch once, where its "
+            "first was found)",
             (unsigned long long)s.launch.refs_in_ranges, (unsigned long long)s.launch.refs_in_extra,
             (unsigned long long)s.launch.refs_in_params);
     if (s.res.stage_ins > 0 || s.res.redirected > 0)

@@ -182,14 +182,10 @@ void fs_launch_scan(struct fs_residency *res, const struct fs_launch_desc *d,
     if (readable && d->ptrs)
         for (int i = 0; i < d->nptrs && readable; i++)
             readable = add_ref(res, t, d->ptrs[i], NULL);
-    if (t->n > 0)
-        STAT(refs_in_ranges);
-    int before = t->n;
+    int in_ranges = t->n;
     if (readable && d->param_buf)
         readable = scan_words(res, t, d->param_buf, d->param_buf_size);
-    if (t->n > before)
-        STAT(refs_in_extra);
-    before = t->n;
+    int in_extra = t->n - in_ranges;
     if (d->func) {
         bool owned;
         const struct layout *l = get_layout(d->func, &owned);
@@ -205,13 +201,15 @@ void fs_launch_scan(struct fs_residency *res, const struct fs_launch_desc *d,
         if (owned)
             free((void *)l);
     }
-    if (t->n > before)
-        STAT(refs_in_params);
     t->unknown = !readable;
     if (FS_UNLIKELY(!readable))
         STAT(unknown);
-    if (t->n > 0)
-        STAT(with_refs);
+    if (in_ranges > 0)
+        STAT(refs_in_ranges);
+    else if (in_extra > 0)
+        STAT(refs_in_extra);
+    else if (t->n > 0)
+        STAT(refs_in_params);
 }
 
 /* Point every word into a staged allocation at the same offset of its device copy. The holds
@@ -264,10 +262,10 @@ void fs_launch_exit(struct fs_residency *res, struct fs_launch_ticket *t, bool q
 void fs_launch_get_stats(struct fs_launch_stats *out)
 {
     out->launches = __atomic_load_n(&lc.stats.launches, __ATOMIC_RELAXED);
-    out->with_refs = __atomic_load_n(&lc.stats.with_refs, __ATOMIC_RELAXED);
     out->refs_in_ranges = __atomic_load_n(&lc.stats.refs_in_ranges, __ATOMIC_RELAXED);
     out->refs_in_extra = __atomic_load_n(&lc.stats.refs_in_extra, __ATOMIC_RELAXED);
     out->refs_in_params = __atomic_load_n(&lc.stats.refs_in_params, __ATOMIC_RELAXED);
+    out->with_refs = out->refs_in_ranges + out->refs_in_extra + out->refs_in_params;
     out->unknown = __atomic_load_n(&lc.stats.unknown, __ATOMIC_RELAXED);
     out->rewritten = __atomic_load_n(&lc.stats.rewritten, __ATOMIC_RELAXED);
     out->layout_queries = __atomic_load_n(&lc.stats.layout_queries, __ATOMIC_RELAXED);

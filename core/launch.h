@@ -63,9 +63,9 @@ struct fs_launch_ticket {
 
 struct fs_launch_stats {
     uint64_t launches;       /* seen */
-    uint64_t with_refs;      /* referencing at least one managed allocation */
-    /* ... where the references were found (a launch may count in two): a copy's or memset's
-     * device range, the packed `extra` parameter buffer, the kernel's parameters */
+    uint64_t with_refs;      /* referencing at least one managed allocation: the sum of */
+    /* ... by where its first reference was found: a copy's or memset's device range, the packed
+     * `extra` parameter buffer, the kernel's parameters (counted; WITH_REFS is derived) */
     uint64_t refs_in_ranges, refs_in_extra, refs_in_params;
     uint64_t unknown;        /* parameters could not be read */
     uint64_t rewritten;      /* parameter words redirected to a staged allocation's copy */

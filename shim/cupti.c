@@ -35,7 +35,7 @@ static FS_TLS struct fs_launch_ticket ticket;
  * cannot both win. LATE_MISS: a miss the check's end had already passed, for the next wrapper
  * call to act on outside any callback. */
 enum { CHECKING, CHECKED, MISSED };
-static bool entry_mode, entry_on, late_miss;
+static bool entry_on, late_miss;
 static int check = CHECKING;
 static bool paused_now; /* the engine paused tracking (REPORT_LOCK) */
 static pthread_mutex_t report_lock = PTHREAD_MUTEX_INITIALIZER; /* CUPTI's switches */
@@ -258,7 +258,7 @@ int fs_shim_tracking_pause(bool paused)
         if (reported(cbid) && report(cbid, !paused) != FS_OK)
             rc = FS_ERR_DEVICE;
     paused_now = paused;
-    __atomic_store_n(&entry_on, entry_mode && !paused, __ATOMIC_SEQ_CST);
+    __atomic_store_n(&entry_on, fs_shim_entry_mode && !paused, __ATOMIC_SEQ_CST);
     pthread_mutex_unlock(&report_lock);
     return rc;
 }
@@ -349,12 +349,10 @@ void fs_shim_launch_exit(bool tracked, bool queued)
 
 void fs_shim_entry_unwrapped(const char *name)
 {
-    if (__atomic_load_n(&entry_mode, __ATOMIC_RELAXED)) {
-        char why[128];
-        snprintf(why, sizeof(why), "%s was handed out unwrapped (more variants than it has room for)",
-                 name);
-        back_to_cupti(why);
-    }
+    char why[128];
+    snprintf(why, sizeof(why), "%s was handed out unwrapped (more variants than it has room for)",
+             name);
+    back_to_cupti(why);
 }
 
 /* In a CUPTI callback: a launch reached the driver past the wrappers (ENTRY_ON, and not inside a
@@ -448,12 +446,10 @@ int fs_shim_tracking_start(void)
         return FS_ERR_UNSUPPORTED;
     }
     pthread_mutex_lock(&report_lock);
-    __atomic_store_n(&entry_mode,
-                     fs_config_u64(fs_engine_config(), FS_P_LAUNCH_HOOK) == FS_LAUNCH_HOOK_ENTRY,
-                     __ATOMIC_RELAXED);
     paused_now = false;
-    __atomic_store_n(&entry_on, entry_mode, __ATOMIC_SEQ_CST);
+    __atomic_store_n(&entry_on, fs_shim_entry_mode, __ATOMIC_SEQ_CST);
     pthread_mutex_unlock(&report_lock);
-    FS_DEBUG("launch tracking through %s is on", entry_mode ? "the driver's entry points" : "CUPTI");
+    FS_DEBUG("launch tracking through %s is on",
+             fs_shim_entry_mode ? "the driver's entry points" : "CUPTI");
     return FS_OK;
 }

@@ -16,6 +16,8 @@
 #include <pthread.h>
 #include <string.h>
 
+#include <cudaTypedefs.h>
+
 #ifndef __OPTIMIZE__
 #error "shim/entry.c must be built with optimisation (-O1 or more): dlsym forwards by a tail call"
 #endif
@@ -24,20 +26,16 @@
 #include "hook.h"
 #include "shim.h"
 
+/* The driver functions' types: the toolkit's (cudaTypedefs.h), each named by the version that
+ * introduced its signature. */
 typedef void *(*dlsym_fn)(void *, const char *);
-typedef CUresult (*gpa_v2_fn)(const char *, void **, int, cuuint64_t,
-                              CUdriverProcAddressQueryResult *);
-typedef CUresult (*gpa_v1_fn)(const char *, void **, int, cuuint64_t);
-typedef CUresult (*plain_fn)(CUfunction, unsigned, unsigned, unsigned, unsigned, unsigned,
-                             unsigned, unsigned, CUstream, void **, void **);
-typedef CUresult (*ex_fn)(const CUlaunchConfig *, CUfunction, void **, void **);
-typedef CUresult (*coop_fn)(CUfunction, unsigned, unsigned, unsigned, unsigned, unsigned,
-                            unsigned, unsigned, CUstream, void **);
+typedef PFN_cuGetProcAddress_v12000 gpa_v2_fn; /* five arguments: cuGetProcAddress_v2 */
+typedef PFN_cuGetProcAddress_v11030 gpa_v1_fn;
 
 static dlsym_fn real_dlsym;
 static gpa_v2_fn real_gpa_v2;
 static gpa_v1_fn real_gpa_v1;
-static bool substituting; /* LAUNCH_HOOK=entry (fs_shim_entry_setup) */
+bool fs_shim_entry_mode;
 
 /* ---- the launch wrappers -----------------------------------------------------------------------
  * Each driver function handed out gets a slot of its kind: its address, and its CUPTI callback id
@@ -59,7 +57,7 @@ static inline CUresult call_plain(void *fn, CUpti_CallbackId cbid, CUfunction f,
 {
     cuLaunchKernel_params args = {f, gx, gy, gz, bx, by, bz, sm, s, p, e};
     bool tracked = fs_shim_launch_enter(cbid, &args);
-    CUresult r = ((plain_fn)fn)(f, gx, gy, gz, bx, by, bz, sm, s, p, e);
+    CUresult r = ((PFN_cuLaunchKernel_v4000)fn)(f, gx, gy, gz, bx, by, bz, sm, s, p, e);
     fs_shim_launch_exit(tracked, r == CUDA_SUCCESS);
     return r;
 }
@@ -69,7 +67,7 @@ static inline CUresult call_ex(void *fn, CUpti_CallbackId cbid, const CUlaunchCo
 {
     cuLaunchKernelEx_params args = {c, f, p, e};
     bool tracked = fs_shim_launch_enter(cbid, &args);
-    CUresult r = ((ex_fn)fn)(c, f, p, e);
+    CUresult r = ((PFN_cuLaunchKernelEx_v11060)fn)(c, f, p, e);
     fs_shim_launch_exit(tracked, r == CUDA_SUCCESS);
     return r;
 }
@@ -80,7 +78,7 @@ static inline CUresult call_coop(void *fn, CUpti_CallbackId cbid, CUfunction f, 
 {
     cuLaunchCooperativeKernel_params args = {f, gx, gy, gz, bx, by, bz, sm, s, p};
     bool tracked = fs_shim_launch_enter(cbid, &args);
-    CUresult r = ((coop_fn)fn)(f, gx, gy, gz, bx, by, bz, sm, s, p);
+    CUresult r = ((PFN_cuLaunchCooperativeKernel_v9000)fn)(f, gx, gy, gz, bx, by, bz, sm, s, p);
     fs_shim_launch_exit(tracked, r == CUDA_SUCCESS);
     return r;
 }
@@ -184,7 +182,7 @@ static CUresult gpa_v1(const char *symbol, void **pfn, int version, cuuint64_t f
 NOT_INSTRUMENTED static bool substitutable(const char *symbol)
 {
     bool ptsz;
-    return __atomic_load_n(&substituting, __ATOMIC_RELAXED) && symbol && symbol[0] == 'c' &&
+    return fs_shim_entry_mode && symbol && symbol[0] == 'c' &&
            symbol[1] == 'u' &&
            (!strncmp(symbol, "cuGetProcAddress", 16) || launch_index(symbol, &ptsz) >= 0);
 }
@@ -268,9 +266,4 @@ dlsym(void *handle, const char *symbol)
         }
     }
     return substitute(symbol, real, false, false);
-}
-
-void fs_shim_entry_setup(bool on)
-{
-    __atomic_store_n(&substituting, on, __ATOMIC_RELAXED);
 }

@@ -24,8 +24,9 @@ void fs_shim_launch_exit(bool tracked, bool queued);
 /* A launch function NAME was handed out unwrapped (entry.c): launch tracking goes back to CUPTI. */
 void fs_shim_entry_unwrapped(const char *name);
 
-/* Substitute the driver's launch functions in dlsym and cuGetProcAddress lookups (entry.c): set
- * once the configuration is read, with LAUNCH_HOOK=entry. */
-void fs_shim_entry_setup(bool on);
+/* LAUNCH_HOOK=entry, the engine enabled: set by the library's constructor once the configuration
+ * is read, never changed after. entry.c then substitutes the driver's launch functions in dlsym
+ * and cuGetProcAddress lookups, and cupti.c takes the launches from its wrappers. */
+extern bool fs_shim_entry_mode;
 
 #endif

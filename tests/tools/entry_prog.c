@@ -8,15 +8,14 @@
  * functions it was handed lies in (the driver's, or an interposer's wrapper). */
 #define _GNU_SOURCE /* dladdr */
 #include <cuda.h>
+#include <cudaTypedefs.h>
 #include <dlfcn.h>
 #include <stdio.h>
 #include <string.h>
 
-typedef CUresult (*gpa_fn)(const char *, void **, int, cuuint64_t,
-                           CUdriverProcAddressQueryResult *);
-typedef CUresult (*launch_fn)(CUfunction, unsigned, unsigned, unsigned, unsigned, unsigned,
-                              unsigned, unsigned, CUstream, void **, void **);
-typedef CUresult (*launch_ex_fn)(const CUlaunchConfig *, CUfunction, void **, void **);
+typedef PFN_cuGetProcAddress_v12000 gpa_fn; /* the toolkit's types (cudaTypedefs.h) */
+typedef PFN_cuLaunchKernel_v4000 launch_fn;
+typedef PFN_cuLaunchKernelEx_v11060 launch_ex_fn;
 
 static const char *lib_of(void *fn)
 {
