@@ -401,7 +401,8 @@ static int start_locked(int want, struct fs_profile *loaded)
             eng.paused = true;
             STAT_ADD(tracking_pauses, 1);
             FS_INFO("launch tracking starts paused: the plan moves nothing and every allocation "
-                    "fits; it is set up only if that changes");
+                    "fits (what it reads in place stays in host memory); it is set up only if "
+                    "that changes");
         } else {
             rc = eng.tracker->start();
             if (rc != FS_OK) {
@@ -554,14 +555,15 @@ bool fs_engine_started(void)
 }
 
 /* ---- pausing launch tracking ------------------------------------------------------------------
- * While the plan moves nothing and every allocation is on the device, watching launches only
- * costs time (CUPTI's callbacks, about 0.5 us a launch: a few percent of a launch-bound step), so
- * tracking pauses. A plan from a profile that moves nothing starts paused, the tracker not even
- * set up (tracker_resume sets it up if tracking must resume). Launches the engine does not see
- * may use any allocation that exists, at any time, so every allocation on the device then is
- * frozen (never moved again, residency.h), and so is every one placed there while paused. An
- * allocation that does not fit resumes tracking before the program gets it; it, and the ones
- * after it, are managed as usual among themselves.
+ * While the plan moves nothing (fs_plan_moves_nothing) and every allocation is on the device, or
+ * in host memory where the plan reads it in place, watching launches only costs time (CUPTI's
+ * callbacks, about 0.5 us a launch: a few percent of a launch-bound step), so tracking pauses. A
+ * plan from a profile that moves nothing starts paused, the tracker not even set up
+ * (tracker_resume sets it up if tracking must resume). Launches the engine does not see may use
+ * any allocation that exists, at any time, so every allocation then is frozen where it is (never
+ * moved again, residency.h): one on host is read there over the link by any launch, as its plan
+ * has it; so is every one placed while paused. An allocation that does not fit resumes tracking
+ * before the program gets it; it, and the ones after it, are managed as usual among themselves.
  *
  * The switch: launches already being tracked must end first (their exit reports would be lost),
  * so PAUSING is set, the tracked launches in flight (OPEN) are waited for, and only then is the
@@ -602,7 +604,8 @@ static void try_pause(void)
     if (still && eng.tracker->pause(true) == FS_OK) {
         eng.paused = true;
         STAT_ADD(tracking_pauses, 1);
-        FS_INFO("launch tracking paused: the plan moves nothing and every allocation fits");
+        FS_INFO("launch tracking paused: the plan moves nothing and every allocation fits (what "
+                "it reads in place stays in host memory)");
         goto out;
     }
     if (still) {
@@ -657,8 +660,8 @@ static void resume_tracking(const char *why, fs_dptr new_va)
     STAT_ADD(tracking_resumes, 1);
     struct fs_res_stats r;
     fs_res_get_stats(&eng.res, &r);
-    FS_WARN("%s: launch tracking resumed; the allocations frozen on the device while it was "
-            "paused (%llu in this run) stay there, and what does not fit beside them works from "
+    FS_WARN("%s: launch tracking resumed; the allocations frozen while it was paused (%llu in "
+            "this run) stay where they are, and what does not fit beside them works from "
             "host memory (record the profile again at this budget, or set %s=0)", why,
             (unsigned long long)r.frozen, fs_param_defs[FS_P_PAUSE_TRACKING].env_name);
 out:
@@ -699,9 +702,9 @@ int fs_engine_alloc(uint64_t size, int ordinal, uint64_t *ptr_out)
             fs_rec_restart(&eng.rec);
         }
     }
-    /* Also while a pause is under way on another thread (resume_tracking waits for it). */
-    if (FS_UNLIKELY(pause_possible()) &&
-        !fs_res_on_device(a)) {
+    /* Also while a pause is under way on another thread (resume_tracking waits for it). One
+     * frozen on host is read in place there by the plan. */
+    if (FS_UNLIKELY(pause_possible()) && !fs_res_on_device(a) && !fs_res_frozen(&eng.res, a)) {
         char line[96];
         snprintf(line, sizeof(line), "an allocation of %llu bytes does not fit the budget",
                  (unsigned long long)size);
@@ -989,7 +992,7 @@ void fs_engine_shutdown(void)
                 (unsigned long long)s.res.overslept);
     FS_INFO("launches: %llu seen, %llu referencing managed memory, %llu unknown (parameters "
             "unreadable), %llu layout queries; tracking paused %llu and resumed %llu times (%llu "
-            "allocations frozen on the device, %llu of them in plain device memory)",
+            "allocations frozen where they were, %llu of them in plain device memory)",
             (unsigned long long)s.launch.launches, (unsigned long long)s.launch.with_refs,
             (unsigned long long)s.launch.unknown, (unsigned long long)s.launch.layout_queries,
             (unsigned long long)s.tracking_pauses, (unsigned long long)s.tracking_resumes,

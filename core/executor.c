@@ -695,16 +695,10 @@ int fs_exec_install(struct fs_executor *x, struct fs_profile *p)
         free_plan(&staged);
         return rc;
     }
-    /* Nothing to move: each allocation stays resident or is never used in the iteration (the
-     * plan leaves those on host for room), and all of them fit the budget together. */
-    bool still = true;
-    uint64_t all = 0;
-    for (int a = 0; a < sp->nallocs; a++) {
-        const struct fs_plan_entry *e = &sp->plan.entries[a];
-        still &= e->resident || (e->prefetch_at < 0 && e->evict_after < 0);
-        all += sp->allocs[a].mapped;
-    }
-    bool moves_nothing = still && all <= sp->plan.budget;
+    /* Nothing to move: each allocation stays resident, is read in place from host memory, or is
+     * never used in the iteration (it then stays where it is), and all but those read in place
+     * fit the budget together. */
+    bool moves_nothing = fs_plan_moves_nothing(sp, &sp->plan);
     /* What the plan keeps resident is evicted last when room is made on demand (without
      * memory for the list, LRU alone decides); in host-read mode the rest is read in place, in
      * redirect mode it is staged. Where the plan moves something, an allocation it offloads and
@@ -721,9 +715,10 @@ int fs_exec_install(struct fs_executor *x, struct fs_profile *p)
     for (int a = 0; role && a < sp->nallocs; a++) {
         const struct fs_plan_entry *e = &sp->plan.entries[a];
         bool used = sp->allocs[a].first_use >= 0;
-        bool host_first = !moves_nothing && used && !present_at(e, 0);
+        bool in_place = fs_reads_in_place(sp, &sp->plan, a);
+        bool host_first = (!moves_nothing || in_place) && used && !present_at(e, 0);
         /* one the plan reads in place is served from host memory in every mode */
-        uint8_t off = fs_reads_in_place(sp, &sp->plan, a) ? FS_PLAN_HOST : offloaded_role[x->mode];
+        uint8_t off = in_place ? FS_PLAN_HOST : offloaded_role[x->mode];
         role[a] = e->resident ? FS_PLAN_KEPT : off | (host_first ? FS_PLAN_START_ON_HOST : 0);
     }
     fs_res_set_plan_roles(x->res, role, sp->nallocs);

@@ -126,7 +126,7 @@ struct fs_executor {
     struct fs_residency *res;
     pthread_mutex_t lock;
     int running; /* atomic: a plan is installed and being followed */
-    bool moves_nothing; /* the plan moves nothing, all fit (fs_exec_moves_nothing), atomic */
+    bool moves_nothing; /* the plan moves nothing (fs_exec_moves_nothing), atomic */
     struct fs_profile prof; /* owned; its plan is the one run */
     /* actions per launch, CSR: prefetches queued at launch i, evictions after it */
     int *pf_start, *pf_ids, *ev_start, *ev_ids;
@@ -211,9 +211,9 @@ static inline bool fs_exec_running(const struct fs_executor *x)
     return __atomic_load_n(&x->running, __ATOMIC_ACQUIRE) != 0;
 }
 
-/* A plan runs that moves nothing (every allocation of its profile stays resident or is never
- * used in the iteration) and whose allocations fit the budget all together: following the
- * program does nothing then. */
+/* A plan runs that moves nothing (fs_plan_moves_nothing: every allocation of its profile stays
+ * resident, is read in place from host memory, or is never used in the iteration, and those not
+ * read in place fit the budget all together): following the program does nothing then. */
 static inline bool fs_exec_moves_nothing(const struct fs_executor *x)
 {
     return fs_exec_running(x) && __atomic_load_n(&x->moves_nothing, __ATOMIC_RELAXED);

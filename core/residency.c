@@ -706,6 +706,14 @@ static int plan_role(const struct fs_residency *res, const struct fs_alloc *a)
                                              : FS_PLAN_MOVED;
 }
 
+/* May A be frozen where it is: on the device, or on host where the plan serves it from (a plan
+ * that moves nothing reads it in place)? Lock held. */
+static bool freezable(const struct fs_residency *res, const struct fs_alloc *a)
+{
+    int state = LOAD(&a->state);
+    return state == FS_RES_DEVICE || (state == FS_RES_HOST && plan_role(res, a) == FS_PLAN_HOST);
+}
+
 /* The least recently used allocation on the device, not in KEEP, one the plan does not keep
  * resident if there is such. Lock held. */
 static struct fs_alloc *pick_victim(struct fs_residency *res, struct fs_alloc *const *keep,
@@ -891,6 +899,13 @@ static int place_on_host(struct fs_residency *res, struct fs_alloc *a)
     return FS_OK;
 }
 
+/* The plan's role for the allocation made next, with its flags (FS_PLAN_MOVED: none). Lock
+ * held. */
+static int next_role(const struct fs_residency *res)
+{
+    return res->next_id < (uint64_t)res->nplan_role ? res->plan_role[res->next_id] : FS_PLAN_MOVED;
+}
+
 /* The new allocation A in the VA space: on the device while the budget allows, else on host,
  * where it still works; one the plan offloads starts on host (and takes the device only if no
  * host memory can be pinned). Lock held. */
@@ -899,8 +914,7 @@ static int place_in_va_space(struct fs_residency *res, struct fs_alloc *a)
     int rc = fs_va_space_alloc(&res->vs, a->mapped, &a->va);
     if (rc != FS_OK)
         return rc;
-    bool host_first = res->next_id < (uint64_t)res->nplan_role &&
-                      (res->plan_role[res->next_id] & FS_PLAN_START_ON_HOST);
+    bool host_first = next_role(res) & FS_PLAN_START_ON_HOST;
     rc = host_first ? place_on_host(res, a) : place_on_device(res, a);
     if (rc != FS_OK)
         rc = host_first ? place_on_device(res, a) : place_on_host(res, a);
@@ -924,7 +938,10 @@ int fs_res_alloc(struct fs_residency *res, uint64_t size, fs_dptr *out)
     a->size = size;
     a->mapped = fs_round_up(size, res->dev->props.granularity);
     pthread_mutex_lock(&res->lock);
-    int rc = res->freeze_new ? place_plain(res, a) : FS_ERR_UNSUPPORTED;
+    /* One the plan starts on host goes there while paused too (a plan that moves nothing: it
+     * reads it in place). */
+    bool plain = res->freeze_new && !(next_role(res) & FS_PLAN_START_ON_HOST);
+    int rc = plain ? place_plain(res, a) : FS_ERR_UNSUPPORTED;
     if (rc != FS_OK)
         rc = place_in_va_space(res, a);
     if (rc != FS_OK) {
@@ -934,7 +951,7 @@ int fs_res_alloc(struct fs_residency *res, uint64_t size, fs_dptr *out)
     }
     a->id = res->next_id++;
     a->touch_epoch = 0;
-    if (res->freeze_new && a->state == FS_RES_DEVICE)
+    if (res->freeze_new && freezable(res, a))
         freeze_locked(res, a);
     STORE(&a->kept, plan_role(res, a) == FS_PLAN_KEPT);
     STAT(res, allocs_live, 1);
@@ -1846,7 +1863,7 @@ int fs_res_freeze(struct fs_residency *res)
     int rc = FS_OK;
     pthread_mutex_lock(&res->lock);
     for (int i = 0; i < res->nallocs && rc == FS_OK; i++)
-        if (LOAD(&res->allocs[i]->state) != FS_RES_DEVICE)
+        if (!freezable(res, res->allocs[i]))
             rc = FS_ERR_NOT_READY;
     for (int i = 0; i < res->nallocs && rc == FS_OK; i++)
         freeze_locked(res, res->allocs[i]);
@@ -1863,6 +1880,14 @@ void fs_res_freeze_alloc(struct fs_residency *res, fs_dptr va)
     if (a)
         freeze_locked(res, a);
     pthread_mutex_unlock(&res->lock);
+}
+
+bool fs_res_frozen(struct fs_residency *res, const struct fs_alloc *a)
+{
+    pthread_mutex_lock(&res->lock);
+    bool frozen = a->frozen;
+    pthread_mutex_unlock(&res->lock);
+    return frozen;
 }
 
 void fs_res_stop_freezing(struct fs_residency *res)

@@ -171,8 +171,8 @@ struct fs_residency {
     int evictions_inflight; /* asynchronous evictions begun, not ended (lock) */
     int staged_live;        /* allocations with a stage_va (atomic; changes under the lock) */
     uint8_t *plan_role;     /* by allocation id: enum fs_plan_role (lock) */
-    bool freeze_new;        /* launch tracking is paused: allocations placed on the device are
-                             * frozen (lock) */
+    bool freeze_new;        /* launch tracking is paused: allocations placed on the device, or
+                             * on host where the plan serves them from, are frozen (lock) */
     int nplan_role;
     pthread_mutex_t ev_lock; /* guards free_events only */
     struct fs_shared_event *free_events;
@@ -396,13 +396,17 @@ void fs_res_get_stats(struct fs_residency *res, struct fs_res_stats *out);
  * host block, each as its VA and its host block's copy address. Returns how many. */
 int fs_res_host_blocks(struct fs_residency *res, fs_dptr *alloc_va, fs_dptr *block_va, int max);
 
-/* Launch tracking is about to pause: if every allocation is on the device and none is moving,
- * freeze them all (never moved again) and the ones placed on the device from now on, until
+/* Launch tracking is about to pause: if every allocation is on the device, or on host where the
+ * plan serves it from (FS_PLAN_HOST: a plan that moves nothing reads it in place), and none is
+ * moving, freeze them all (never moved again) and the ones placed so from now on, until
  * fs_res_stop_freezing; FS_OK. FS_ERR_NOT_READY (nothing changed) otherwise. */
 int fs_res_freeze(struct fs_residency *res);
 
 /* Freeze the allocation at VA wherever it is (launch tracking could not resume). */
 void fs_res_freeze_alloc(struct fs_residency *res, fs_dptr va);
+
+/* Is A frozen (never moved again)? */
+bool fs_res_frozen(struct fs_residency *res, const struct fs_alloc *a);
 
 /* Launch tracking resumed: new allocations are managed as usual again (the frozen stay so). */
 void fs_res_stop_freezing(struct fs_residency *res);

@@ -1,7 +1,9 @@
 /* adaptive (the default): runs knapsack, greedy and global and keeps the plan with the least
- * predicted time (ties: fewer offloaded bytes, then that order). Global's local search starts
- * from the better of the knapsack and greedy plans already made, exactly as the global strategy
- * would, so nothing is computed twice. The plan is named "adaptive(<winner>)". */
+ * predicted time, a plan that moves something charged for watching every launch
+ * (fs_plan_cost_us: one that moves nothing lets tracking pause); ties: fewer offloaded bytes,
+ * then that order. Global's local search starts from the better of the knapsack and greedy
+ * plans already made, exactly as the global strategy would, so nothing is computed twice. The
+ * plan is named "adaptive(<winner>)". */
 #include <stdio.h>
 #include <string.h>
 
@@ -10,10 +12,11 @@
 
 enum { AD_KNAPSACK, AD_GREEDY, AD_GLOBAL, AD_N };
 
-static bool better(const struct fs_profile *p, const struct fs_plan *a, const struct fs_plan *b)
+static bool cheaper(const struct fs_profile *p, const struct fs_plan *a, const struct fs_plan *b)
 {
-    if (a->predicted_us != b->predicted_us)
-        return a->predicted_us < b->predicted_us;
+    double ca = fs_plan_cost_us(p, a), cb = fs_plan_cost_us(p, b);
+    if (ca != cb)
+        return ca < cb;
     return fs_plan_offloaded_bytes(p, a) < fs_plan_offloaded_bytes(p, b);
 }
 
@@ -31,14 +34,15 @@ static int adaptive_plan(const struct fs_profile *p, uint64_t budget, struct fs_
     rc = fs_strategy_greedy.plan(p, budget, &c[AD_GREEDY]);
     if (rc != FS_OK)
         goto out;
-    const struct fs_plan *start = better(p, &c[AD_GREEDY], &c[AD_KNAPSACK]) ? &c[AD_GREEDY]
-                                                                           : &c[AD_KNAPSACK];
+    const struct fs_plan *start = fs_plan_better(p, &c[AD_GREEDY], &c[AD_KNAPSACK])
+                                      ? &c[AD_GREEDY]
+                                      : &c[AD_KNAPSACK];
     rc = fs_global_improve(p, budget, start, &c[AD_GLOBAL]);
     if (rc != FS_OK)
         goto out;
     int win = 0;
     for (int i = 1; i < AD_N; i++)
-        if (better(p, &c[i], &c[win]))
+        if (cheaper(p, &c[i], &c[win]))
             win = i;
     *out = c[win];
     c[win].entries = NULL;

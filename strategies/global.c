@@ -283,13 +283,8 @@ static int global_plan(const struct fs_profile *p, uint64_t budget, struct fs_pl
     rc = fs_strategy_knapsack.plan(p, budget, &k);
     if (rc != FS_OK)
         goto out;
-    /* Start from the better: less predicted time, then fewer offloaded bytes, then knapsack. */
-    const struct fs_plan *start = &k;
-    if (g.predicted_us < k.predicted_us ||
-        (g.predicted_us == k.predicted_us &&
-         fs_plan_offloaded_bytes(p, &g) < fs_plan_offloaded_bytes(p, &k)))
-        start = &g;
-    rc = fs_global_improve(p, budget, start, out);
+    /* Start from the better (fs_plan_better; a tie: knapsack). */
+    rc = fs_global_improve(p, budget, fs_plan_better(p, &g, &k) ? &g : &k, out);
 out:
     fs_plan_free(&g);
     fs_plan_free(&k);

@@ -347,6 +347,31 @@ static int sparse_offloaded(const struct fs_profile *p, const bool *resident, bo
     return k;
 }
 
+/* PLAN with what it moves kept resident, when that fits beside what stays on the device (those
+ * it reads in place, read in place still): moving it would gain nothing and have every launch
+ * watched (fs_plan_cost_us). A resident set chosen before some allocations were found to be
+ * read in place leaves such room (a 7b decode at 100% of its weights: the token embedding read
+ * in place, the lm_head then moved out and back every step). SCRATCH: nallocs entries, swapped
+ * with PLAN's when taken. */
+static void keep_what_fits(const struct fs_profile *p, struct fs_plan *plan,
+                           struct fs_plan_entry **scratch)
+{
+    if (fs_plan_moves_nothing(p, plan))
+        return;
+    struct fs_plan t = *plan;
+    t.entries = *scratch;
+    for (int a = 0; a < p->nallocs; a++) {
+        t.entries[a] = plan->entries[a];
+        if (!t.entries[a].resident && fs_alloc_used(p, a) && !fs_reads_in_place(p, plan, a))
+            t.entries[a] = (struct fs_plan_entry){true, -1, -1};
+    }
+    if (fs_plan_moves_nothing(p, &t) && fs_plan_evaluate(p, &t) == FS_OK &&
+        t.predicted_us <= plan->predicted_us) {
+        *scratch = plan->entries;
+        *plan = t;
+    }
+}
+
 int fs_schedule_plan(const struct fs_profile *p, const bool *resident, int lookahead,
                      struct fs_plan *plan, uint64_t *need)
 {
@@ -367,6 +392,8 @@ int fs_schedule_plan(const struct fs_profile *p, const bool *resident, int looka
         *plan = trial;
         trial.entries = e;
     }
+    if (trial.entries)
+        keep_what_fits(p, plan, &trial.entries);
     free(trial.entries);
     free(read);
     free(in_place);
@@ -392,6 +419,33 @@ uint64_t fs_plan_offloaded_bytes(const struct fs_profile *p, const struct fs_pla
 uint64_t fs_plan_moved_bytes(const struct fs_profile *p, const struct fs_plan *plan)
 {
     return plan_bytes(p, plan, true);
+}
+
+bool fs_plan_moves_nothing(const struct fs_profile *p, const struct fs_plan *plan)
+{
+    uint64_t on_device = 0;
+    for (int a = 0; a < p->nallocs && a < plan->nallocs; a++) {
+        const struct fs_plan_entry *e = &plan->entries[a];
+        if (fs_reads_in_place(p, plan, a))
+            continue;
+        if (!e->resident && (e->prefetch_at >= 0 || e->evict_after >= 0))
+            return false;
+        on_device += p->allocs[a].mapped;
+    }
+    return on_device <= plan->budget;
+}
+
+double fs_plan_cost_us(const struct fs_profile *p, const struct fs_plan *plan)
+{
+    double watch = fs_plan_moves_nothing(p, plan) ? 0.0 : FS_WATCH_US_PER_LAUNCH * p->nlaunches;
+    return plan->predicted_us + watch;
+}
+
+bool fs_plan_better(const struct fs_profile *p, const struct fs_plan *a, const struct fs_plan *b)
+{
+    if (a->predicted_us != b->predicted_us)
+        return a->predicted_us < b->predicted_us;
+    return fs_plan_offloaded_bytes(p, a) < fs_plan_offloaded_bytes(p, b);
 }
 
 int fs_ranked_desc(const void *x, const void *y)

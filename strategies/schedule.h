@@ -100,6 +100,21 @@ static inline bool fs_reads_in_place(const struct fs_profile *p, const struct fs
 
 /* ---- strategy internals (tests and the composite strategies use them) -------------------- */
 
+/* Does PLAN move nothing: each allocation kept resident, read in place or never used, and all
+ * but those read in place fit its budget together? Launch tracking then pauses (engine.c). */
+bool fs_plan_moves_nothing(const struct fs_profile *p, const struct fs_plan *plan);
+
+/* What watching one launch costs the program (CUPTI with a counting callback, DESIGN.md): a plan
+ * that moves something has every launch watched, one that moves nothing none. */
+#define FS_WATCH_US_PER_LAUNCH 0.46
+
+/* PLAN's predicted step with the watch's cost when it moves something: what adaptive compares,
+ * so that of two plans the timeline ties, the one that lets tracking pause wins. */
+double fs_plan_cost_us(const struct fs_profile *p, const struct fs_plan *plan);
+
+/* Is plan A better than plan B: less predicted time, then fewer offloaded bytes? */
+bool fs_plan_better(const struct fs_profile *p, const struct fs_plan *a, const struct fs_plan *b);
+
 /* Bytes of the allocations that plan PLAN offloads and some launch uses. */
 uint64_t fs_plan_offloaded_bytes(const struct fs_profile *p, const struct fs_plan *plan);
 /* Of them, the bytes the plan moves every iteration (those it reads in place left out). */
