@@ -1100,12 +1100,12 @@ static void test_host_read_mode(void **state)
 /* A plan may read an offloaded allocation in place: it stays in host memory and its launches
  * read it there, in every offload mode; nothing moves it, nothing faults it in, the data stays
  * exact, and its references are planned ones. */
-/* Record a profile into PATH and edit its plan to read w[3] in place, as if by planning code
- * PLANNER (NULL: this build's). */
-static void record_plan_reading_w3(const char *path, const char *planner)
+/* Record a profile at BUDGET_ENV into PATH and edit its plan to read w[3] in place, as if by
+ * planning code PLANNER (NULL: this build's). */
+static void record_plan_reading_w3(const char *path, const char *budget_env, const char *planner)
 {
     char err[512];
-    record_profile(path, "FLEXTENSOR_GPU_MEMORY_LIMIT=64MiB");
+    record_profile(path, budget_env);
     struct fs_profile p;
     assert_int_equal(fs_profile_load(path, &p, err, sizeof(err)), FS_OK);
     p.plan.entries[4] = (struct fs_plan_entry){false, -1, -1}; /* w[3] (act is 0) */
@@ -1123,7 +1123,7 @@ static void test_plan_reads_in_place(void **state)
     for (size_t m = 0; m < FS_ARRAY_LEN(modes); m++) {
         char path[64];
         fresh_path(path, sizeof(path));
-        record_plan_reading_w3(path, NULL);
+        record_plan_reading_w3(path, "FLEXTENSOR_GPU_MEMORY_LIMIT=64MiB", NULL);
         uint64_t w[L], act;
         struct fs_device *dev = start_from_profile(path, modes[m], w, &act);
         assert_int_equal(run_program(dev, w, L, act, 3), 0);
@@ -1155,7 +1155,7 @@ static void test_plan_of_other_planning_code_made_again(void **state)
         char path[64], log_path[64], log[16384];
         fresh_path(path, sizeof(path));
         fresh_path(log_path, sizeof(log_path));
-        record_plan_reading_w3(path, planners[i]);
+        record_plan_reading_w3(path, "FLEXTENSOR_GPU_MEMORY_LIMIT=64MiB", planners[i]);
         struct fs_engine_stats st;
         run_logged(path, NULL, log_path, 6, &st, log, sizeof(log));
         assert_non_null(strstr(log, "its plan was made by other planning code"));
@@ -1504,6 +1504,52 @@ static void test_tracking_pauses_while_nothing_moves(void **state)
     unlink(path);
 }
 
+/* A plan that reads w[3] in place and keeps the rest (66 MiB within 128) moves nothing too:
+ * tracking starts paused, w[3] is made in host memory and frozen there, the others in plain device
+ * memory, and the program runs unseen and exact, w[3] read over the link. An allocation that
+ * does not fit resumes tracking; w[3] stays in host memory, read there, never faulted in. */
+static void test_tracking_pauses_with_reads_in_place(void **state)
+{
+    (void)state;
+    char path[64];
+    fresh_path(path, sizeof(path));
+    record_plan_reading_w3(path, "FLEXTENSOR_GPU_MEMORY_LIMIT=128MiB", NULL);
+    struct fs_device *dev = start_with_room(path, 128, NULL);
+    uint64_t w[L], act;
+    alloc_program(dev, w, L, &act, 2 * MIB);
+    struct fs_engine_stats st;
+    fs_engine_get_stats(&st);
+    assert_true(__atomic_load_n(&tracker_paused, __ATOMIC_ACQUIRE));
+    assert_int_equal(tracker_starts, 0);
+    assert_int_equal(st.tracking_pauses, 1);
+    assert_int_equal(st.res.frozen, L + 1);
+    assert_int_equal(st.res.plain_made, L);
+    assert_int_equal(st.res.placed_on_host, 1);
+    enum fs_mem_loc loc;
+    assert_int_equal(fs_sim_location(dev, w[3], &loc), FS_OK);
+    assert_int_equal(loc, FS_LOC_HOST);
+    uint64_t seen = st.launch.launches; /* the launch counters live across engines */
+    assert_int_equal(run_program(dev, w, L, act, 10), 0);
+    fs_engine_get_stats(&st);
+    assert_int_equal(st.launch.launches, seen);
+
+    uint64_t big; /* 66 MiB + 80 MiB > 128 MiB */
+    assert_int_equal(fs_engine_alloc(80 * MIB, 0, &big), FS_OK);
+    assert_false(__atomic_load_n(&tracker_paused, __ATOMIC_ACQUIRE));
+    assert_int_equal(tracker_starts, 1);
+    assert_int_equal(run_program(dev, w, L, act, 5), 0);
+    fs_engine_get_stats(&st);
+    assert_int_equal(st.tracking_resumes, 1);
+    assert_true(st.launch.launches > seen);
+    assert_int_equal(st.res.faults, 0);
+    assert_int_equal(st.res.evictions, 0);
+    assert_true(st.res.host_served >= 5);
+    assert_int_equal(fs_sim_location(dev, w[3], &loc), FS_OK);
+    assert_int_equal(loc, FS_LOC_HOST);
+    stop(dev);
+    unlink(path);
+}
+
 /* Tracking stays on with PAUSE_TRACKING=0, and where the allocations do not all fit together (an
  * unused 40 MiB beside 68 MiB the plan keeps, within 100 MiB). A profile the program leaves
  * (another size for allocation 1) resumes it, since discovering the program needs its launches. */
@@ -1646,6 +1692,7 @@ int main(void)
         cmocka_unit_test(test_plan_given_up_and_made_again),
         cmocka_unit_test(test_mismatched_or_corrupt_profile_rediscovers),
         cmocka_unit_test(test_tracking_pauses_while_nothing_moves),
+        cmocka_unit_test(test_tracking_pauses_with_reads_in_place),
         cmocka_unit_test(test_tracking_kept_or_resumed_for_discovery),
         cmocka_unit_test(test_tracking_pause_failures),
     };
