@@ -15,7 +15,7 @@
 #include "residency.h"
 #include "run_trace.h"
 #include "timing_report.h"
-#include "strategies/strategy.h"
+#include "strategies/schedule.h"
 
 /* The managed address range: 1 TiB, or less if the driver refuses (halving down to 16 GiB). */
 #define VA_SPACE_BYTES (1ull << 40)
@@ -195,6 +195,35 @@ static bool take_plan(void *arg, struct fs_profile *p)
     return true;
 }
 
+/* P's plan for BUDGET with the configured strategy: the saved one when it was made for the same
+ * request by this planning code, else made again (*OTHER_CODE: only the planning code differed,
+ * for the caller to say). FS_OK, or the planner's error; STRATEGY (CAP bytes): the one asked. */
+static int plan_profile(const struct fs_config *cfg, struct fs_profile *p, uint64_t budget,
+                        char *strategy, size_t cap, bool *other_code)
+{
+    fs_config_choice(cfg, FS_P_STRATEGY, strategy, cap);
+    bool same_request = p->plan.entries && p->plan.budget == budget &&
+                        (cfg->v[FS_P_STRATEGY].src == FS_SRC_DEFAULT ||
+                         strncmp(p->plan.strategy, strategy, strlen(strategy)) == 0);
+    bool same_planner = strcmp(p->plan.planner, fs_planner_id()) == 0;
+    *other_code = same_request && !same_planner;
+    if (same_request && same_planner)
+        return FS_OK;
+    /* "adaptive(global)": the strategy asked for, then the one it chose */
+    if (*other_code && cfg->v[FS_P_STRATEGY].src == FS_SRC_DEFAULT)
+        snprintf(strategy, cap, "%.*s", (int)strcspn(p->plan.strategy, "("), p->plan.strategy);
+    const struct fs_strategy *st = fs_strategy_find(strategy);
+    fs_plan_free(&p->plan);
+    return st ? st->plan(p, budget, &p->plan) : FS_ERR_INVALID;
+}
+
+/* Say that profile PATH's plan was made again because other planning code had made it (PLANNER). */
+static void say_planned_again(const char *path, const char *planner)
+{
+    FS_INFO("%s: its plan was made by other planning code (%s; this flexshim's is %s); planning "
+            "it again", path, planner[0] ? planner : "unnamed", fs_planner_id());
+}
+
 /* Load the profile PATH for this device and BUDGET (or take LOADED, PATH as read already,
  * leaving it empty). Its saved plan runs as it is when this build's planning code made it for this
  * budget and strategy; otherwise it is planned again (milliseconds; said when only the planning
@@ -218,31 +247,16 @@ static bool load_profile(const struct fs_config *cfg, const char *path, uint64_t
         fs_profile_free(p);
         return false;
     }
-    char strategy[32];
-    fs_config_choice(cfg, FS_P_STRATEGY, strategy, sizeof(strategy));
-    bool same_request = p->plan.entries && p->plan.budget == budget &&
-                        (cfg->v[FS_P_STRATEGY].src == FS_SRC_DEFAULT ||
-                         strncmp(p->plan.strategy, strategy, strlen(strategy)) == 0);
-    bool same_planner = strcmp(p->plan.planner, fs_planner_id()) == 0;
-    if (same_request && !same_planner) {
-        FS_INFO("%s: its plan was made by other planning code (%s; this flexshim's is %s); "
-                "planning it again", path, p->plan.planner[0] ? p->plan.planner : "unnamed",
-                fs_planner_id());
-        /* "adaptive(global)": the strategy asked for, then the one it chose */
-        if (cfg->v[FS_P_STRATEGY].src == FS_SRC_DEFAULT)
-            snprintf(strategy, sizeof(strategy), "%.*s",
-                     (int)strcspn(p->plan.strategy, "("), p->plan.strategy);
-    }
-    if (!same_request || !same_planner) {
-        const struct fs_strategy *st = fs_strategy_find(strategy);
-        fs_plan_free(&p->plan);
-        int rc = st ? st->plan(p, budget, &p->plan) : FS_ERR_INVALID;
-        if (rc != FS_OK) {
-            FS_WARN("%s: planning with %s for a budget of %llu bytes failed (%s); allocations "
-                    "are managed reactively", path, strategy, (unsigned long long)budget,
-                    fs_err_str(rc));
-            return true; /* the program matches; there is just no plan to run */
-        }
+    char strategy[32], planner[sizeof(p->plan.planner)];
+    bool other_code;
+    snprintf(planner, sizeof(planner), "%s", p->plan.planner);
+    int rc = plan_profile(cfg, p, budget, strategy, sizeof(strategy), &other_code);
+    if (other_code)
+        say_planned_again(path, planner);
+    if (rc != FS_OK) {
+        FS_WARN("%s: planning with %s for a budget of %llu bytes failed (%s); allocations are "
+                "managed reactively", path, strategy, (unsigned long long)budget, fs_err_str(rc));
+        return true; /* the program matches; there is just no plan to run */
     }
     FS_INFO("profile %s: %d launches per iteration, %d allocations; plan %s at %llu MiB, "
             "predicted %.3f ms per iteration; discovery and profiling skipped", path,
@@ -261,10 +275,12 @@ static void stop_planning(void)
 }
 
 /* Discovery and planning (PROFILE_OUT), or a saved profile (PROFILE), and the plan executor. */
-/* Pin host memory for what the plan offloads now, while the program is still starting. */
+/* Pin host memory for what the plan offloads now, while the program is still starting; none for
+ * a plan that moves nothing: what it reads in place is pinned as it is made, and an idle pinner
+ * thread costs a paused step (stop 31). */
 static void prepin_offloaded(const struct fs_profile *p)
 {
-    if (p->nallocs <= 0)
+    if (p->nallocs <= 0 || fs_plan_moves_nothing(p, &p->plan))
         return;
     uint64_t *sizes = malloc((size_t)p->nallocs * sizeof(*sizes));
     if (!sizes)
@@ -507,14 +523,27 @@ static void register_atfork(void)
     atfork_rc = pthread_atfork(NULL, NULL, early_start_forked_child);
 }
 
-/* Every allocation of profile P fits the budget at once (on the profile's device): its plan can
- * offload nothing, so there is nothing to pin early, and the engine starts at the program's first
- * call. An early start then costs the program: a paused decode step 6% slower with the device
- * opened and the pinner started from this thread (an H100, docs/PERFORMANCE.md, stop 30). */
-static bool fits_whole(const struct fs_config *cfg, const struct fs_profile *p)
+/* Profile P's plan for this budget (planned here as the engine would, or P fits whole) moves
+ * nothing (fs_plan_moves_nothing): there is nothing to pin early, since what it reads in place is
+ * pinned as it is made, and the engine starts at the program's first call. An early start, and
+ * the pinner thread it starts, each cost a paused decode step about 5% (an H100,
+ * docs/PERFORMANCE.md, stops 30 and 31). */
+static bool moves_nothing_here(const struct fs_config *cfg, struct fs_profile *p)
 {
     uint64_t limit = fs_config_bytes(cfg, FS_P_GPU_MEMORY_LIMIT, p->device_total);
-    return fs_profile_total_mapped(p) <= plan_budget(cfg, limit, false);
+    uint64_t budget = plan_budget(cfg, limit, false);
+    if (fs_profile_total_mapped(p) <= budget)
+        return true;
+    char strategy[32], planner[sizeof(p->plan.planner)];
+    bool other_code;
+    snprintf(planner, sizeof(planner), "%s", p->plan.planner);
+    if (plan_profile(cfg, p, budget, strategy, sizeof(strategy), &other_code) != FS_OK)
+        return false; /* the engine plans again, and says why it fails */
+    if (fs_plan_moves_nothing(p, &p->plan))
+        return true;
+    if (other_code) /* the engine takes this plan as it is */
+        say_planned_again(fs_config_str(cfg, FS_P_PROFILE), planner);
+    return false;
 }
 
 static void *early_start_main(void *arg)
@@ -526,7 +555,7 @@ static void *early_start_main(void *arg)
     char err[512];
     if (fs_profile_load(fs_config_str(cfg, FS_P_PROFILE), &p, err, sizeof(err)) != FS_OK)
         return NULL; /* said when the engine starts and loads it */
-    if (fs_rec_is_this_program(p.program) && !fits_whole(cfg, &p) &&
+    if (fs_rec_is_this_program(p.program) && !moves_nothing_here(cfg, &p) &&
         (eng.dev_injected || cfg->v[FS_P_DEVICE].src != FS_SRC_DEFAULT || one_device_visible())) {
         __atomic_store_n(&eng.early_began, true, __ATOMIC_RELEASE);
         FS_INFO("starting early: the profile is this program's; pinning what its plan offloads");

@@ -123,6 +123,7 @@ static void *pinner_main(void *arg)
             break;
         }
         fs_phys_pool_adopt(&res->host_pool, b);
+        STAT(res, background_pins, 1);
         if (a)
             a = find_by_id(res, id); /* it may have been freed or evicted meanwhile */
         if (a && !a->host)

@@ -112,6 +112,7 @@ struct fs_res_stats {
      * on the mover's path */
     struct fs_pool_counts device_blocks;
     uint64_t host_bytes_held;   /* host pool */
+    uint64_t background_pins;   /* host blocks the pinner thread pinned */
     uint64_t evictions, evicted_bytes;
     uint64_t faults, faulted_bytes;   /* on-demand fault-ins */
     uint64_t prefetches, prefetched_bytes;

@@ -614,6 +614,22 @@ static void record_profile(const char *path, const char *budget_env)
     record_profile_unused(path, budget_env, 0);
 }
 
+/* Record a profile at BUDGET_ENV into PATH and edit its plan to read w[3] in place, as if by
+ * planning code PLANNER (NULL: this build's). */
+static void record_plan_reading_w3(const char *path, const char *budget_env, const char *planner)
+{
+    char err[512];
+    record_profile(path, budget_env);
+    struct fs_profile p;
+    assert_int_equal(fs_profile_load(path, &p, err, sizeof(err)), FS_OK);
+    p.plan.entries[4] = (struct fs_plan_entry){false, -1, -1}; /* w[3] (act is 0) */
+    assert_int_equal(fs_plan_evaluate(&p, &p.plan), FS_OK);
+    if (planner)
+        snprintf(p.plan.planner, sizeof(p.plan.planner), "%s", planner);
+    assert_int_equal(fs_profile_save(path, &p, err, sizeof(err)), FS_OK);
+    fs_profile_free(&p);
+}
+
 /* A fresh engine on a new simulated device, started from the saved profile PATH (64 MiB,
  * tracked remaps, and EXTRA if given: settings separated by spaces; with LOG, the log at level
  * info into that file), with the program's allocations made. */
@@ -814,7 +830,8 @@ static void test_same_program(void **state)
  * first allocation; a profile of another program (another command) leaves the start to the first
  * allocation. Either way the allocations the plan offloads start in host memory and the run is
  * exact. A budget that holds every allocation of the profile has nothing to pin early: the start
- * is left to the first allocation too, and nothing goes to host. */
+ * is left to the first allocation too, and nothing goes to host; so has a plan that moves nothing
+ * but reads an allocation in place. */
 static void test_early_start(void **state)
 {
     (void)state;
@@ -847,6 +864,25 @@ static void test_early_start(void **state)
     assert_false(started_early);
     assert_null(strstr(log, "starting early"));
     assert_int_equal(st.res.placed_on_host, 0);
+    assert_int_equal(st.res.background_pins, 0);
+
+    /* A plan that moves nothing, w[3] read in place (68 MiB of allocations, 66 without it, within
+     * 67): nothing to pin early either, no pinner thread; w[3] is pinned as it is made. */
+    record_plan_reading_w3(other, "FLEXTENSOR_GPU_MEMORY_LIMIT=128MiB", NULL);
+    assert_int_equal(fs_profile_load(other, &p, err, sizeof(err)), FS_OK);
+    p.plan.budget = 67 * MIB;
+    assert_int_equal(fs_profile_save(other, &p, err, sizeof(err)), FS_OK);
+    fs_profile_free(&p);
+    start_early = true;
+    run_logged(other, "FLEXTENSOR_GPU_MEMORY_LIMIT=67MiB FLEXTENSOR_PLAN_HEADROOM=0", log_path, 8,
+               &st, log, sizeof(log));
+    start_early = false;
+    assert_false(started_early);
+    assert_null(strstr(log, "starting early"));
+    assert_non_null(strstr(log, "plan adaptive(knapsack) at 67 MiB"));
+    assert_int_equal(st.res.placed_on_host, 1);
+    assert_int_equal(st.res.background_pins, 0);
+    assert_int_equal(st.res.evictions, 0);
     unlink(log_path);
     unlink(other);
     unlink(path);
@@ -1100,22 +1136,6 @@ static void test_host_read_mode(void **state)
 /* A plan may read an offloaded allocation in place: it stays in host memory and its launches
  * read it there, in every offload mode; nothing moves it, nothing faults it in, the data stays
  * exact, and its references are planned ones. */
-/* Record a profile at BUDGET_ENV into PATH and edit its plan to read w[3] in place, as if by
- * planning code PLANNER (NULL: this build's). */
-static void record_plan_reading_w3(const char *path, const char *budget_env, const char *planner)
-{
-    char err[512];
-    record_profile(path, budget_env);
-    struct fs_profile p;
-    assert_int_equal(fs_profile_load(path, &p, err, sizeof(err)), FS_OK);
-    p.plan.entries[4] = (struct fs_plan_entry){false, -1, -1}; /* w[3] (act is 0) */
-    assert_int_equal(fs_plan_evaluate(&p, &p.plan), FS_OK);
-    if (planner)
-        snprintf(p.plan.planner, sizeof(p.plan.planner), "%s", planner);
-    assert_int_equal(fs_profile_save(path, &p, err, sizeof(err)), FS_OK);
-    fs_profile_free(&p);
-}
-
 static void test_plan_reads_in_place(void **state)
 {
     (void)state;
