@@ -523,27 +523,30 @@ static void register_atfork(void)
     atfork_rc = pthread_atfork(NULL, NULL, early_start_forked_child);
 }
 
-/* Profile P's plan for this budget (planned here as the engine would, or P fits whole) moves
- * nothing (fs_plan_moves_nothing): there is nothing to pin early, since what it reads in place is
- * pinned as it is made, and the engine starts at the program's first call. An early start, and
- * the pinner thread it starts, each cost a paused decode step about 5% (an H100,
- * docs/PERFORMANCE.md, stops 30 and 31). */
-static bool moves_nothing_here(const struct fs_config *cfg, struct fs_profile *p)
+/* Profile P's plan for this budget (the one the engine would run, planned here on a copy, or P
+ * fits whole) moves nothing (fs_plan_moves_nothing): there is nothing to pin early, since what it
+ * reads in place is pinned as it is made, and the engine starts at the program's first call. An
+ * early start, and the pinner thread it starts, each cost a paused decode step about 5% (an
+ * H100, docs/PERFORMANCE.md, stops 30 and 31). */
+static bool moves_nothing_here(const struct fs_config *cfg, const struct fs_profile *p)
 {
     uint64_t limit = fs_config_bytes(cfg, FS_P_GPU_MEMORY_LIMIT, p->device_total);
     uint64_t budget = plan_budget(cfg, limit, false);
     if (fs_profile_total_mapped(p) <= budget)
         return true;
-    char strategy[32], planner[sizeof(p->plan.planner)];
+    struct fs_profile q = *p; /* P's launches and allocations, read only; a plan of its own */
+    size_t bytes = (size_t)(p->plan.entries ? p->plan.nallocs : 0) * sizeof(*q.plan.entries);
+    q.plan.entries = bytes ? malloc(bytes) : NULL;
+    if (bytes && !q.plan.entries)
+        return false;
+    if (bytes)
+        memcpy(q.plan.entries, p->plan.entries, bytes);
+    char strategy[32];
     bool other_code;
-    snprintf(planner, sizeof(planner), "%s", p->plan.planner);
-    if (plan_profile(cfg, p, budget, strategy, sizeof(strategy), &other_code) != FS_OK)
-        return false; /* the engine plans again, and says why it fails */
-    if (fs_plan_moves_nothing(p, &p->plan))
-        return true;
-    if (other_code) /* the engine takes this plan as it is */
-        say_planned_again(fs_config_str(cfg, FS_P_PROFILE), planner);
-    return false;
+    bool still = plan_profile(cfg, &q, budget, strategy, sizeof(strategy), &other_code) == FS_OK &&
+                 fs_plan_moves_nothing(&q, &q.plan);
+    fs_plan_free(&q.plan);
+    return still;
 }
 
 static void *early_start_main(void *arg)
@@ -555,8 +558,9 @@ static void *early_start_main(void *arg)
     char err[512];
     if (fs_profile_load(fs_config_str(cfg, FS_P_PROFILE), &p, err, sizeof(err)) != FS_OK)
         return NULL; /* said when the engine starts and loads it */
-    if (fs_rec_is_this_program(p.program) && !moves_nothing_here(cfg, &p) &&
-        (eng.dev_injected || cfg->v[FS_P_DEVICE].src != FS_SRC_DEFAULT || one_device_visible())) {
+    if (fs_rec_is_this_program(p.program) &&
+        (eng.dev_injected || cfg->v[FS_P_DEVICE].src != FS_SRC_DEFAULT || one_device_visible()) &&
+        !moves_nothing_here(cfg, &p)) {
         __atomic_store_n(&eng.early_began, true, __ATOMIC_RELEASE);
         FS_INFO("starting early: the profile is this program's; pinning what its plan offloads");
         start_once(-1, &p); /* takes P, unless the program's first call started the engine */

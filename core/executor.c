@@ -803,8 +803,9 @@ int fs_exec_note_alloc(struct fs_executor *x, uint64_t id, uint64_t size, const 
 /* ---- following the program ------------------------------------------------------------------ */
 
 /* The place was found at launch Q: queue what the plan wants there (lock held). Evictions
- * first, so the prefetches find room; none when everything fits (fs_exec_moves_nothing): the
- * allocations the iteration never uses then stay where they are. */
+ * first, so the prefetches find room; none when the plan moves nothing (fs_exec_moves_nothing):
+ * the allocations the iteration never uses then stay where they are, and those it reads in place
+ * started on host. */
 static void place_for(struct fs_executor *x, int q)
 {
     const struct fs_plan_entry *e = x->prof.plan.entries;

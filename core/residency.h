@@ -82,8 +82,9 @@ struct fs_alloc {
      * (which may be on another stream) */
     uint64_t skip_epoch;
     /* never moved again (lock): it existed while launch tracking was paused, so a launch the
-     * engine did not see may use it at any time; on the device (fs_res_freeze), or on host when
-     * tracking could not resume (fs_res_freeze_alloc) */
+     * engine did not see may use it at any time; on the device or, as FS_PLAN_HOST, on host
+     * (fs_res_freeze, fs_res_alloc), or on host when tracking could not resume
+     * (fs_res_freeze_alloc) */
     bool frozen;
     /* plain device memory of its own (mem_alloc), outside the VA space, never in allocs[]: made
      * frozen, while launch tracking was paused, so nothing about it is ever remapped (lock) */

@@ -1,7 +1,7 @@
 /* adaptive (the default): runs knapsack, greedy and global and keeps the plan with the least
  * predicted time, a plan that moves something charged for watching every launch
- * (fs_plan_cost_us: one that moves nothing lets tracking pause); ties: fewer offloaded bytes,
- * then that order. Global's local search starts from the better of the knapsack and greedy
+ * (fs_plan_cost_us: one that moves nothing lets tracking pause); ties: fs_plan_better, then
+ * that order. Global's local search starts from the better of the knapsack and greedy
  * plans already made, exactly as the global strategy would, so nothing is computed twice. The
  * plan is named "adaptive(<winner>)". */
 #include <stdio.h>
@@ -15,9 +15,7 @@ enum { AD_KNAPSACK, AD_GREEDY, AD_GLOBAL, AD_N };
 static bool cheaper(const struct fs_profile *p, const struct fs_plan *a, const struct fs_plan *b)
 {
     double ca = fs_plan_cost_us(p, a), cb = fs_plan_cost_us(p, b);
-    if (ca != cb)
-        return ca < cb;
-    return fs_plan_offloaded_bytes(p, a) < fs_plan_offloaded_bytes(p, b);
+    return ca != cb ? ca < cb : fs_plan_better(p, a, b);
 }
 
 static int adaptive_plan(const struct fs_profile *p, uint64_t budget, struct fs_plan *out)

@@ -76,8 +76,9 @@ static int try_set(struct search *s, const bool *res, int lookahead, double min_
         s->best.predicted_us = s->trial.predicted_us;
         s->best.predicted_stall_us = s->trial.predicted_stall_us;
         s->best.peak_bytes = s->trial.peak_bytes;
-        if (res != s->res)
-            memcpy(s->res, res, (size_t)s->p->nallocs * sizeof(*res));
+        /* the plan's own set: scheduling may keep more resident than RES asked */
+        for (int a = 0; a < s->p->nallocs; a++)
+            s->res[a] = s->best.entries[a].resident;
         s->lookahead = lookahead;
         *improved = true;
     }

@@ -423,8 +423,10 @@ uint64_t fs_plan_moved_bytes(const struct fs_profile *p, const struct fs_plan *p
 
 bool fs_plan_moves_nothing(const struct fs_profile *p, const struct fs_plan *plan)
 {
+    if (!plan->entries || plan->nallocs != p->nallocs)
+        return false;
     uint64_t on_device = 0;
-    for (int a = 0; a < p->nallocs && a < plan->nallocs; a++) {
+    for (int a = 0; a < p->nallocs; a++) {
         const struct fs_plan_entry *e = &plan->entries[a];
         if (fs_reads_in_place(p, plan, a))
             continue;

@@ -100,12 +100,14 @@ static inline bool fs_reads_in_place(const struct fs_profile *p, const struct fs
 
 /* ---- strategy internals (tests and the composite strategies use them) -------------------- */
 
-/* Does PLAN move nothing: each allocation kept resident, read in place or never used, and all
- * but those read in place fit its budget together? Launch tracking then pauses (engine.c). */
+/* Does PLAN (one entry per allocation of P) move nothing: each allocation kept resident, read in
+ * place or never used, and all but those read in place fit its budget together? Launch tracking
+ * then pauses (engine.c). */
 bool fs_plan_moves_nothing(const struct fs_profile *p, const struct fs_plan *plan);
 
-/* What watching one launch costs the program (CUPTI with a counting callback, DESIGN.md): a plan
- * that moves something has every launch watched, one that moves nothing none. */
+/* What watching one launch costs the program (CUPTI with a counting callback on a tiny launch,
+ * docs/PERFORMANCE.md): a plan that moves something has every launch watched, one that moves
+ * nothing none. */
 #define FS_WATCH_US_PER_LAUNCH 0.46
 
 /* PLAN's predicted step with the watch's cost when it moves something: what adaptive compares,

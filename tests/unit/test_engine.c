@@ -1417,6 +1417,17 @@ static struct fs_device *start_with_room(const char *path, int budget, char *ext
     return dev;
 }
 
+/* Tracking started paused (the tracker not even set up) and FROZEN allocations are frozen. */
+static void assert_started_paused(uint64_t frozen)
+{
+    struct fs_engine_stats st;
+    fs_engine_get_stats(&st);
+    assert_true(__atomic_load_n(&tracker_paused, __ATOMIC_ACQUIRE));
+    assert_int_equal(tracker_starts, 0);
+    assert_int_equal(st.tracking_pauses, 1);
+    assert_int_equal(st.res.frozen, frozen);
+}
+
 /* One launch of the head kernel on PTR (tracked or not, as the tracker says). */
 static void launch_on(struct fs_device *dev, fs_stream s, uint64_t ptr)
 {
@@ -1459,12 +1470,9 @@ static void test_tracking_pauses_while_nothing_moves(void **state)
     uint64_t w[L], act, idle;
     alloc_program(dev, w, L, &act, 2 * MIB);
     assert_int_equal(fs_engine_alloc(8 * MIB, 0, &idle), FS_OK);
+    assert_started_paused(L + 2);
     struct fs_engine_stats st;
     fs_engine_get_stats(&st);
-    assert_true(__atomic_load_n(&tracker_paused, __ATOMIC_ACQUIRE));
-    assert_int_equal(tracker_starts, 0); /* started paused: the tracker not set up */
-    assert_int_equal(st.tracking_pauses, 1);
-    assert_int_equal(st.res.frozen, L + 2);
     assert_int_equal(st.res.plain_made, L + 2); /* all in plain device memory */
     assert_int_equal(st.res.plain_bytes, 76 * MIB);
     uint64_t seen = st.launch.launches; /* the launch counters live across engines */
@@ -1537,12 +1545,9 @@ static void test_tracking_pauses_with_reads_in_place(void **state)
     struct fs_device *dev = start_with_room(path, 128, NULL);
     uint64_t w[L], act;
     alloc_program(dev, w, L, &act, 2 * MIB);
+    assert_started_paused(L + 1);
     struct fs_engine_stats st;
     fs_engine_get_stats(&st);
-    assert_true(__atomic_load_n(&tracker_paused, __ATOMIC_ACQUIRE));
-    assert_int_equal(tracker_starts, 0);
-    assert_int_equal(st.tracking_pauses, 1);
-    assert_int_equal(st.res.frozen, L + 1);
     assert_int_equal(st.res.plain_made, L);
     assert_int_equal(st.res.placed_on_host, 1);
     enum fs_mem_loc loc;
@@ -1566,6 +1571,34 @@ static void test_tracking_pauses_with_reads_in_place(void **state)
     assert_true(st.res.host_served >= 5);
     assert_int_equal(fs_sim_location(dev, w[3], &loc), FS_OK);
     assert_int_equal(loc, FS_LOC_HOST);
+    stop(dev);
+    unlink(path);
+}
+
+/* OFFLOAD_MODE=host_read moves nothing either: what the plan offloads stays in host memory and is
+ * read there. So tracking starts paused there too (the 64 MiB plan: 4 allocations in plain device
+ * memory, the 3 it offloads in host memory), and the program runs unseen and exact. */
+static void test_tracking_pauses_in_host_read_mode(void **state)
+{
+    (void)state;
+    char path[64];
+    fresh_path(path, sizeof(path));
+    record_profile(path, "FLEXTENSOR_GPU_MEMORY_LIMIT=64MiB");
+    struct fs_device *dev = start_with_room(path, 64, "FLEXTENSOR_OFFLOAD_MODE=host_read");
+    uint64_t w[L], act;
+    alloc_program(dev, w, L, &act, 2 * MIB);
+    assert_started_paused(L + 1);
+    struct fs_engine_stats st;
+    fs_engine_get_stats(&st);
+    assert_int_equal(st.res.placed_on_host + st.res.plain_made, L + 1);
+    assert_true(st.res.placed_on_host > 0);
+    uint64_t seen = st.launch.launches; /* the launch counters live across engines */
+    assert_int_equal(run_program(dev, w, L, act, 10), 0);
+    fs_engine_get_stats(&st);
+    assert_int_equal(st.launch.launches, seen);
+    assert_int_equal(st.res.faults, 0);
+    assert_int_equal(st.res.evictions, 0);
+    assert_true(st.res.device_bytes_peak <= 64 * MIB);
     stop(dev);
     unlink(path);
 }
@@ -1637,12 +1670,8 @@ static void test_tracking_pause_failures(void **state)
         tracker_refuses = refuses;
         uint64_t w[L], act, big, more;
         alloc_program(dev, w, L, &act, 2 * MIB);
+        assert_started_paused(L + 1);
         struct fs_engine_stats st;
-        fs_engine_get_stats(&st);
-        assert_true(__atomic_load_n(&tracker_paused, __ATOMIC_ACQUIRE));
-        assert_int_equal(tracker_starts, 0);
-        assert_int_equal(st.tracking_pauses, 1);
-        assert_int_equal(st.res.frozen, L + 1);
         assert_int_equal(fs_engine_alloc(64 * MIB, 0, &big), FS_OK);
         fs_stream s;
         assert_int_equal(fs_sim_stream_create(dev, &s), FS_OK);
@@ -1713,6 +1742,7 @@ int main(void)
         cmocka_unit_test(test_mismatched_or_corrupt_profile_rediscovers),
         cmocka_unit_test(test_tracking_pauses_while_nothing_moves),
         cmocka_unit_test(test_tracking_pauses_with_reads_in_place),
+        cmocka_unit_test(test_tracking_pauses_in_host_read_mode),
         cmocka_unit_test(test_tracking_kept_or_resumed_for_discovery),
         cmocka_unit_test(test_tracking_pause_failures),
     };
