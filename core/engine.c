@@ -196,32 +196,32 @@ static bool take_plan(void *arg, struct fs_profile *p)
 }
 
 /* P's plan for BUDGET with the configured strategy: the saved one when it was made for the same
- * request by this planning code, else made again (*OTHER_CODE: only the planning code differed,
- * for the caller to say). FS_OK, or the planner's error; STRATEGY (CAP bytes): the one asked. */
+ * request by this planning code, else made again; made again because only the planning code
+ * differed, the log says so for PATH (NULL: nothing said). FS_OK, or the planner's error;
+ * STRATEGY (CAP bytes): the one asked. */
 static int plan_profile(const struct fs_config *cfg, struct fs_profile *p, uint64_t budget,
-                        char *strategy, size_t cap, bool *other_code)
+                        const char *path, char *strategy, size_t cap)
 {
     fs_config_choice(cfg, FS_P_STRATEGY, strategy, cap);
     bool same_request = p->plan.entries && p->plan.budget == budget &&
                         (cfg->v[FS_P_STRATEGY].src == FS_SRC_DEFAULT ||
                          strncmp(p->plan.strategy, strategy, strlen(strategy)) == 0);
     bool same_planner = strcmp(p->plan.planner, fs_planner_id()) == 0;
-    *other_code = same_request && !same_planner;
     if (same_request && same_planner)
         return FS_OK;
-    /* "adaptive(global)": the strategy asked for, then the one it chose */
-    if (*other_code && cfg->v[FS_P_STRATEGY].src == FS_SRC_DEFAULT)
-        snprintf(strategy, cap, "%.*s", (int)strcspn(p->plan.strategy, "("), p->plan.strategy);
+    if (same_request) {
+        if (path)
+            FS_INFO("%s: its plan was made by other planning code (%s; this flexshim's is %s); "
+                    "planning it again", path, p->plan.planner[0] ? p->plan.planner : "unnamed",
+                    fs_planner_id());
+        /* "adaptive(global)": the strategy asked for, then the one it chose */
+        if (cfg->v[FS_P_STRATEGY].src == FS_SRC_DEFAULT)
+            snprintf(strategy, cap, "%.*s", (int)strcspn(p->plan.strategy, "("),
+                     p->plan.strategy);
+    }
     const struct fs_strategy *st = fs_strategy_find(strategy);
     fs_plan_free(&p->plan);
     return st ? st->plan(p, budget, &p->plan) : FS_ERR_INVALID;
-}
-
-/* Say that profile PATH's plan was made again because other planning code had made it (PLANNER). */
-static void say_planned_again(const char *path, const char *planner)
-{
-    FS_INFO("%s: its plan was made by other planning code (%s; this flexshim's is %s); planning "
-            "it again", path, planner[0] ? planner : "unnamed", fs_planner_id());
 }
 
 /* Load the profile PATH for this device and BUDGET (or take LOADED, PATH as read already,
@@ -247,12 +247,8 @@ static bool load_profile(const struct fs_config *cfg, const char *path, uint64_t
         fs_profile_free(p);
         return false;
     }
-    char strategy[32], planner[sizeof(p->plan.planner)];
-    bool other_code;
-    snprintf(planner, sizeof(planner), "%s", p->plan.planner);
-    int rc = plan_profile(cfg, p, budget, strategy, sizeof(strategy), &other_code);
-    if (other_code)
-        say_planned_again(path, planner);
+    char strategy[32];
+    int rc = plan_profile(cfg, p, budget, path, strategy, sizeof(strategy));
     if (rc != FS_OK) {
         FS_WARN("%s: planning with %s for a budget of %llu bytes failed (%s); allocations are "
                 "managed reactively", path, strategy, (unsigned long long)budget, fs_err_str(rc));
@@ -535,15 +531,10 @@ static bool moves_nothing_here(const struct fs_config *cfg, const struct fs_prof
     if (fs_profile_total_mapped(p) <= budget)
         return true;
     struct fs_profile q = *p; /* P's launches and allocations, read only; a plan of its own */
-    size_t bytes = (size_t)(p->plan.entries ? p->plan.nallocs : 0) * sizeof(*q.plan.entries);
-    q.plan.entries = bytes ? malloc(bytes) : NULL;
-    if (bytes && !q.plan.entries)
+    if (p->plan.entries && fs_plan_copy(&q.plan, &p->plan) != FS_OK)
         return false;
-    if (bytes)
-        memcpy(q.plan.entries, p->plan.entries, bytes);
     char strategy[32];
-    bool other_code;
-    bool still = plan_profile(cfg, &q, budget, strategy, sizeof(strategy), &other_code) == FS_OK &&
+    bool still = plan_profile(cfg, &q, budget, NULL, strategy, sizeof(strategy)) == FS_OK &&
                  fs_plan_moves_nothing(&q, &q.plan);
     fs_plan_free(&q.plan);
     return still;

@@ -614,6 +614,14 @@ static void record_profile(const char *path, const char *budget_env)
     record_profile_unused(path, budget_env, 0);
 }
 
+/* PTR lies in host memory on simulated device DEV. */
+static void assert_on_host(struct fs_device *dev, uint64_t ptr)
+{
+    enum fs_mem_loc loc;
+    assert_int_equal(fs_sim_location(dev, ptr, &loc), FS_OK);
+    assert_int_equal(loc, FS_LOC_HOST);
+}
+
 /* Record a profile at BUDGET_ENV into PATH and edit its plan to read w[3] in place, as if by
  * planning code PLANNER (NULL: this build's). */
 static void record_plan_reading_w3(const char *path, const char *budget_env, const char *planner)
@@ -1156,9 +1164,7 @@ static void test_plan_reads_in_place(void **state)
         assert_int_equal(s1.exec.unplanned, 0);
         assert_int_equal(s1.res.faults, s0.res.faults);
         assert_true(s1.res.host_served - s0.res.host_served >= ITERS);
-        enum fs_mem_loc loc;
-        assert_int_equal(fs_sim_location(dev, w[3], &loc), FS_OK);
-        assert_int_equal(loc, FS_LOC_HOST);
+        assert_on_host(dev, w[3]);
         stop(dev);
         unlink(path);
     }
@@ -1550,9 +1556,7 @@ static void test_tracking_pauses_with_reads_in_place(void **state)
     fs_engine_get_stats(&st);
     assert_int_equal(st.res.plain_made, L);
     assert_int_equal(st.res.placed_on_host, 1);
-    enum fs_mem_loc loc;
-    assert_int_equal(fs_sim_location(dev, w[3], &loc), FS_OK);
-    assert_int_equal(loc, FS_LOC_HOST);
+    assert_on_host(dev, w[3]);
     uint64_t seen = st.launch.launches; /* the launch counters live across engines */
     assert_int_equal(run_program(dev, w, L, act, 10), 0);
     fs_engine_get_stats(&st);
@@ -1569,8 +1573,7 @@ static void test_tracking_pauses_with_reads_in_place(void **state)
     assert_int_equal(st.res.faults, 0);
     assert_int_equal(st.res.evictions, 0);
     assert_true(st.res.host_served >= 5);
-    assert_int_equal(fs_sim_location(dev, w[3], &loc), FS_OK);
-    assert_int_equal(loc, FS_LOC_HOST);
+    assert_on_host(dev, w[3]);
     stop(dev);
     unlink(path);
 }
