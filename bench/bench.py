@@ -557,6 +557,25 @@ def note_step_queued(res, t0, start, sampler=None):
         res.setdefault(key, []).append(v1 - v0)
 
 
+CPU_PROBE_REPS = 200
+
+
+def cpu_probe(res):
+    """--cpu-probe: the time of a fixed piece of host work (Python calls and PyTorch ops on small
+    CPU tensors, no CUDA), appended to res["cpu_probe_ms"]. Run after a step's synchronize,
+    outside its timed window. A decode step at 100% is bound by the queueing thread, and a shared
+    host slows whole processes by up to 30%: a run whose steps and probe are slow alike was slowed
+    by the host, one whose steps alone are slow by what it runs (the shim's cost)."""
+    import torch
+
+    t = torch.zeros(8)
+    t0 = time.perf_counter()
+    for i in range(CPU_PROBE_REPS):
+        t.add_(1.0).mul_(0.5)
+        sum(range(i % 50), len(str(i)))
+    res.setdefault("cpu_probe_ms", []).append(round((time.perf_counter() - t0) * 1000, 3))
+
+
 def run_prefill(model, args, res, stop, sampler):
     import torch
 
@@ -575,6 +594,8 @@ def run_prefill(model, args, res, stop, sampler):
             note_step_queued(res, t0, start, sampler)
             torch.cuda.synchronize()
             times.append(time.perf_counter() - t0)
+            if args.cpu_probe:
+                cpu_probe(res)
             if layers:
                 layers.finish(res)
             if i == 0:
@@ -636,6 +657,8 @@ def run_decode(model, args, res, stop, sampler):
             note_step_queued(res, t0, start, sampler)
             torch.cuda.synchronize()
             times.append(time.perf_counter() - t0)
+            if args.cpu_probe:
+                cpu_probe(res)
             toks.append(cur)
             del out
             if layers:  # step 1: the prompt and decode step 1
@@ -829,6 +852,8 @@ def fake_measure(args, res):
         res["op_cpu_us"] = {"aten::mm": [round(3000.0 * slow, 1), 224.0],
                             "aten::cat": [800.0, 64.0], "cudaLaunchKernel": [4000.0, 1494.0]}
         res["op_profile_steps"] = args.op_profile
+    if args.cpu_probe:  # the host as slow in the shim's runs as their steps (a fake 1.02 x)
+        res["cpu_probe_ms"] = [1.02 if args.system in SHIM_SYSTEMS else 1.0] * len(times)
     if args.samples:  # the shim's sides 1 ms more a step in cuLaunchKernel
         write_fake_samples(args.samples, n, 1000 if args.system in SHIM_SYSTEMS else 0, res)
     if args.workload == "prefill":
@@ -1057,6 +1082,9 @@ def parse_args(argv):
                     help="decode: STEPS more steps after the timed ones under torch.profiler (CPU "
                     "activity only): each op's self CPU time a step (JSON key op_cpu_us; compare "
                     "sides with bench/op_profile_diff.py)")
+    ap.add_argument("--cpu-probe", action="store_true",
+                    help="after each step, outside its timed window, time a fixed piece of host "
+                    "work (JSON key cpu_probe_ms): how fast the host ran beside each step")
     ap.add_argument("--bw-bytes", type=int, default=GiB)
     ap.add_argument("--bw-reps", type=int, default=5)
     ap.add_argument("--print-budgets", metavar="PCTS", help="print PCT BYTES MIB lines and exit")

@@ -23,6 +23,9 @@
 # no wrapper passed on; its line is in the run's .out). ITERS: steps per run. WORKLOAD: decode
 # (the default) or prefill, the same A/B on the compute-bound workload.
 # CPUS: run every side under `taskset -c CPUS` (the step is host-bound: fewer migrations).
+# ROTATE=1: round r starts with the r-th side (not with pipeline among SIDES), so that no side
+# always runs right after the same one. BENCH_ARGS=--cpu-probe: each run also times fixed host
+# work beside each step, and the summary takes the host's speed out of each run's step.
 # SAMPLES=1: every side also preloads dist/lib/libfs_sampler.so and samples the queueing thread's
 # stacks in the timed steps' queueing spans (every SAMPLE_US, default 500) into
 # OUT/SIDE-ROUND.samples: `python3 bench/sample_report.py OUT` says where a side's extra time goes.
@@ -121,11 +124,20 @@ case " ${sides[*]} " in *" pipeline "*"noshim "*)
     echo "overhead.sh: SIDES: pipeline takes its headroom from the round's noshim run: put noshim first" >&2
     exit 2 ;;
 esac
+if [ "${ROTATE:-0}" = 1 ] && [[ " ${sides[*]} " == *" pipeline "* ]]; then
+    echo "overhead.sh: ROTATE=1 with side pipeline: it takes its headroom from the round's noshim run, which must come first; leave ROTATE out" >&2
+    exit 2
+fi
 
 longest=0 cut=0 # the longest run so far (s); 1 once TIME_LIMIT stopped the runs
 SECONDS=0
 for r in $(seq 1 "$ROUNDS"); do
-    for side in "${sides[@]}"; do
+    order=("${sides[@]}")
+    if [ "${ROTATE:-0}" = 1 ]; then # round r starts at side r: each side runs after each other
+        k=$(((r - 1) % ${#sides[@]}))
+        order=("${sides[@]:k}" "${sides[@]:0:k}")
+    fi
+    for side in "${order[@]}"; do
         base=$OUT/${side_file[$side]}-$r
         limit=()
         if [ -n "${TIME_LIMIT:-}" ]; then
@@ -201,6 +213,9 @@ queue = {side: [] for side in sides}  # each run's median host time to queue a s
 # and minor page faults.
 COUNTS = (("queue_vcsw", "blocks"), ("queue_ivcsw", "preemptions"), ("queue_minflt", "minor faults"))
 THREAD_KEYS = ("queue_cpu_ms", "queue_proc_cpu_ms") + tuple(key for key, _ in COUNTS)
+# --cpu-probe (BENCH_ARGS): each run's median probe time (fixed host work beside each step), and
+# its median step over that: a side's step with the host's speed in its run taken out.
+probe, per_probe = {side: [] for side in sides}, {side: [] for side in sides}
 thread = {key: {side: [] for side in sides} for key in THREAD_KEYS}
 ttfs = {side: [] for side in sides}  # seconds from the process start to the first step's end
 outputs = {}  # output fingerprint (decode: the tokens, prefill: the logits) -> runs giving it
@@ -231,6 +246,10 @@ for r in range(1, rounds + 1):
             timed_values = (result.get(key) or [])[warm:]  # none when ITERS <= the warm-up
             if timed_values:
                 thread[key][side].append(statistics.median(timed_values))
+        probed = (result.get("cpu_probe_ms") or [])[warm:]
+        if probed and ms is not None:
+            probe[side].append(statistics.median(probed))
+            per_probe[side].append(ms / statistics.median(probed))
         if result.get("ttfs_s") is not None:
             ttfs[side].append(result["ttfs_s"])
         if fp is not None:
@@ -274,6 +293,10 @@ if all(all(thread[key].values()) for key, _ in COUNTS):
         f"{side} " + ", ".join(f"{statistics.median(thread[key][side]):g} {name}"
                                for key, name in COUNTS)
         for side in sides))
+per_side("host speed: the CPU probe beside each step (median over runs; higher: a slower host)",
+         probe, "ms", " ({:.3f})")
+per_side("step over the CPU probe (median over runs: the step with the host's speed taken out)",
+         per_probe, "probes", " ({:.3f})")
 per_side("start-up (median time to the first step's end)", ttfs, "s", " ({:.2f} x)")
 sys.exit(0 if len(outputs) <= 1 else 1)
 EOF

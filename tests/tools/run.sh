@@ -369,6 +369,19 @@ expect "overhead.sh: each side's host time to queue a step" "$tmp/o" '^host time
 expect "overhead.sh: the queueing thread's CPU time per side" "$tmp/o" '^the queueing thread.s CPU time a step \(median over runs; .*\): noshim [0-9.]+ ms; shim [0-9.]+ ms \([0-9.]+\); watch'
 expect "overhead.sh: the process's CPU time per side" "$tmp/o" '^the whole process.s CPU time in that span \(median over runs; .*\): noshim [0-9.]+ ms; shim [0-9.]+ ms \([0-9.]+\); watch'
 expect "overhead.sh: the queueing thread's blocks, preemptions and faults per side" "$tmp/o" '^the queueing thread a step \(median over runs\): noshim 1 blocks, 0 preemptions, 2 minor faults; shim 1 blocks'
+expect_not "overhead.sh without --cpu-probe: no probe lines" "$tmp/o" 'CPU probe'
+
+# ROTATE=1: round 2 starts with the second side; --cpu-probe: the host's speed taken out of the
+# step (the fake shim's host 1.02 x as slow as noshim's, its step 1.02 x too, each with 2% jitter).
+FAKE=1 ROTATE=1 BENCH_ARGS=--cpu-probe PROFILE="$tmp/prof.json" OUT="$tmp/ovr" ROUNDS=2 SIDES="noshim shim" bash bench/overhead.sh >"$tmp/o" 2>&1; rc=$?
+expect_rc "overhead.sh ROTATE=1 --cpu-probe exits 0" 0 $rc "$tmp/o"
+grep '^---- round' "$tmp/o" | sed 's/ (.*//' | tr '\n' ' ' >"$tmp/o2"
+expect "overhead.sh ROTATE=1: round 2 starts with shim" "$tmp/o2" '^---- round 1/2: noshim ---- round 1/2: shim ---- round 2/2: shim ---- round 2/2: noshim $'
+expect "overhead.sh --cpu-probe: the host's speed per side" "$tmp/o" '^host speed: the CPU probe beside each step \(median over runs; .*\): noshim 1\.00 ms; shim 1\.02 ms \(1\.020\)$'
+expect "overhead.sh --cpu-probe: the step over the probe, near 1 x noshim's" "$tmp/o" '^step over the CPU probe \(median over runs: .*\): noshim [0-9.]+ probes; shim [0-9.]+ probes \((0\.9[6-9]|1\.0[0-4])[0-9]\)$'
+FAKE=1 ROTATE=1 PROFILE="$tmp/prof.json" OUT="$tmp/ovr" ROUNDS=1 SIDES="noshim pipeline" bash bench/overhead.sh >"$tmp/o" 2>&1; rc=$?
+expect_rc "overhead.sh ROTATE=1 with pipeline: refused" 2 $rc "$tmp/o"
+expect "overhead.sh ROTATE=1 with pipeline: says why" "$tmp/o" 'ROTATE=1 with side pipeline: .*leave ROTATE out'
 
 # ITERS at most the warm-up: every step is a warm-up one, and the summary still prints (it raised
 # on the thread counters' empty medians before).
