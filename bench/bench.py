@@ -518,13 +518,48 @@ class StackSampler:
         res["samples_file"] = self.path
 
 
+class ThreadPerf:
+    """--cpu-probe: counters of the thread that creates it (perf_event_open through ctypes; there
+    is no perf on the GPU machine): instructions and cycles in user mode, all cycles (user and
+    kernel, which takes in the interrupts handled while the thread ran), and its moves between
+    CPUs. The same instructions in more cycles is the same work done more slowly (caches,
+    interrupts, the clock); more instructions is more work. Counters the host refuses (no PMU
+    in a VM, perf_event_paranoid) are left out."""
+
+    SYSCALL = 298  # perf_event_open, x86-64
+    # name, PERF_TYPE_HARDWARE (0) or _SOFTWARE (1), config, user mode only
+    COUNTERS = (("instructions", 0, 1, True), ("cycles", 0, 0, True), ("cycles_all", 0, 0, False),
+                ("migrations", 1, 4, False))
+
+    def __init__(self):
+        import ctypes
+
+        libc = ctypes.CDLL(None, use_errno=True)
+        self.fds = {}
+        for name, kind, config, user_only in self.COUNTERS:
+            attr = (ctypes.c_uint64 * 8)()  # PERF_ATTR_SIZE_VER0: 64 bytes
+            attr[0] = kind | (64 << 32)  # type, size 64
+            attr[1] = config
+            attr[5] = (1 << 5 | 1 << 6) if user_only else 0  # exclude_kernel, exclude_hv
+            fd = libc.syscall(self.SYSCALL, attr, 0, -1, -1, 0)  # this thread, any CPU
+            if fd >= 0:
+                self.fds[name] = fd
+
+    def read(self):
+        return {name: int.from_bytes(os.read(fd, 8), "little") for name, fd in self.fds.items()}
+
+
+THREAD_PERF = None  # the queueing thread's ThreadPerf (--cpu-probe)
+
+
 def note_step_start(res, sampler=None):
     """The step's start on the wall clock (res["step_start_unix"]), to set steps beside samples
     taken outside the process (nvidia-smi's clocks: bench/clock_steps.py). Returns the thread's
     and the process's clocks and counters now, for note_step_queued; SAMPLER (a StackSampler)
     samples from here to note_step_queued."""
     res.setdefault("step_start_unix", []).append(round(time.time(), 4))
-    start = time.thread_time(), time.process_time(), thread_counts()
+    start = (time.thread_time(), time.process_time(), thread_counts(),
+             THREAD_PERF.read() if THREAD_PERF else {})
     if sampler:
         sampler.resume(len(res["step_start_unix"]) - 1)
     return start
@@ -549,12 +584,15 @@ def note_step_queued(res, t0, start, sampler=None):
     # thread's CPU time up is work done on it; with the wall time alone up, waiting or preemption.
     # The whole process's CPU time too: well above the thread's, another thread is busy beside it
     # (one spinning on a sibling core slows it without preempting it).
-    cpu0, proc0, counts0 = start
+    cpu0, proc0, counts0, perf0 = start
     res.setdefault("queue_cpu_ms", []).append(round((time.thread_time() - cpu0) * 1000, 3))
     res.setdefault("queue_proc_cpu_ms", []).append(round((time.process_time() - proc0) * 1000, 3))
     for key, v0, v1 in zip(("queue_vcsw", "queue_ivcsw", "queue_minflt"), counts0,
                            thread_counts()):
         res.setdefault(key, []).append(v1 - v0)
+    if perf0:
+        for name, v1 in THREAD_PERF.read().items():
+            res.setdefault(f"queue_{name}", []).append(v1 - perf0[name])
 
 
 CPU_PROBE_REPS = 200
@@ -576,6 +614,43 @@ def cpu_probe(res):
     res.setdefault("cpu_probe_ms", []).append(round((time.perf_counter() - t0) * 1000, 3))
 
 
+class HostCounters:
+    """--cpu-probe: what the host did beside the timed steps, a step (res["host_counters"]): the
+    steal, IRQ and soft-IRQ time of the CPUs this process may run on (/proc/stat; steal is time a
+    hypervisor gave those CPUs to others) and the interrupts those CPUs took, by kind
+    (/proc/interrupts: the GPU driver's, timer, rescheduling, TLB-shootdown and call IPIs...). A
+    side whose steps are slower with the same counters was not slowed by the host."""
+
+    STAT_FIELDS = {"irq_ms": 5, "softirq_ms": 6, "steal_ms": 7}  # after the cpuN name
+
+    def __init__(self):
+        self.cpus = os.sched_getaffinity(0)
+        self.start = self.read()
+
+    def read(self):
+        counts = dict.fromkeys(self.STAT_FIELDS, 0.0)
+        ms_per_tick = 1000.0 / os.sysconf("SC_CLK_TCK")
+        with open("/proc/stat") as f:
+            for line in f:
+                name, *vals = line.split()
+                if name[3:].isdigit() and name.startswith("cpu") and int(name[3:]) in self.cpus:
+                    for key, i in self.STAT_FIELDS.items():
+                        counts[key] += int(vals[i]) * ms_per_tick
+        with open("/proc/interrupts") as f:
+            cols = [int(c[3:]) for c in f.readline().split()]  # CPU0 CPU1 ...
+            for line in f:
+                name, *vals = line.split()
+                kind = "irqs " + (vals[-1] if not name[:-1].isalpha() else name[:-1])
+                mine = [int(v) for c, v in zip(cols, vals) if c in self.cpus and v.isdigit()]
+                counts[kind] = counts.get(kind, 0) + sum(mine)
+        return counts
+
+    def finish(self, res, steps):
+        end = self.read()
+        res["host_counters"] = {key: round((end[key] - self.start.get(key, 0)) / steps, 3)
+                                for key in end if end[key] != self.start.get(key, 0)}
+
+
 def run_prefill(model, args, res, stop, sampler):
     import torch
 
@@ -584,6 +659,7 @@ def run_prefill(model, args, res, stop, sampler):
                       dtype=torch.long).to("cuda")
     times, hashes = [], []
     last_tokens = None
+    counters = HostCounters() if args.cpu_probe else None
     with torch.no_grad():
         for i in range(args.iters):
             torch.cuda.synchronize()
@@ -612,6 +688,8 @@ def run_prefill(model, args, res, stop, sampler):
             if stop(i):
                 print(f"  profile saved at iteration {stop.seen_at + 1}: stopping", flush=True)
                 break
+        if counters:
+            counters.finish(res, len(times))
         if args.system == "noshim":
             measure_gaps(model, lambda: model(input_ids=x, use_cache=False), res)
     res["fingerprint"] = {"kind": "logits-rowsum-sha256", "value": hashes[-1],
@@ -645,6 +723,7 @@ def run_decode(model, args, res, stop, sampler):
         res["prompt_ms"] = r3((time.perf_counter() - t0) * 1000)
         del out
         toks = [cur]
+        counters = HostCounters() if args.cpu_probe else None
         for i in range(args.iters):
             torch.cuda.synchronize()
             if i > 0:
@@ -672,6 +751,8 @@ def run_decode(model, args, res, stop, sampler):
             if stop(i):
                 print(f"  profile saved at step {stop.seen_at + 1}: stopping", flush=True)
                 break
+        if counters:
+            counters.finish(res, len(times))
         # Steps after the timed ones, not in the token list (the fingerprint does not see them).
         state = {"cur": cur, "past": past}
 
@@ -790,6 +871,10 @@ def measure(args, res):
     stop = StopAfterProfile(2 if args.kind == "record" else None)
     runner = run_prefill if args.workload == "prefill" else run_decode
     sampler = StackSampler(args.samples, args.sample_us, args.warmup) if args.samples else None
+    global THREAD_PERF
+    THREAD_PERF = ThreadPerf() if args.cpu_probe else None
+    if THREAD_PERF is not None and not THREAD_PERF.fds:
+        print("--cpu-probe: no thread counters here (perf_event_open refused)", flush=True)
     times = runner(model, args, res, stop, sampler)
     if sampler:
         sampler.write(res)
@@ -854,6 +939,9 @@ def fake_measure(args, res):
         res["op_profile_steps"] = args.op_profile
     if args.cpu_probe:  # the host as slow in the shim's runs as their steps (a fake 1.02 x)
         res["cpu_probe_ms"] = [1.02 if args.system in SHIM_SYSTEMS else 1.0] * len(times)
+        res["host_counters"] = {"steal_ms": 0.5, "irqs LOC": 20.0}
+        res["queue_instructions"] = [int(t * 4e6) for t in times]  # the step's length in work
+        res["queue_migrations"] = [0] * len(times)
     if args.samples:  # the shim's sides 1 ms more a step in cuLaunchKernel
         write_fake_samples(args.samples, n, 1000 if args.system in SHIM_SYSTEMS else 0, res)
     if args.workload == "prefill":
@@ -916,6 +1004,21 @@ def selftest():
         check("parse_pcts rejects 0", False)
     except ValueError:
         check("parse_pcts rejects 0", True)
+
+    # --cpu-probe's counters on this machine: the host's over a busy stretch (its timer ticks
+    # on the CPUs the process may use), and the thread's, of which the software migration
+    # counter is open wherever perf_event_open is allowed.
+    counters, res = HostCounters(), {}
+    busy_until = time.perf_counter() + 0.2
+    while time.perf_counter() < busy_until:
+        pass
+    counters.finish(res, 2)
+    check("host counters: a dict of numbers a step", isinstance(res.get("host_counters"), dict)
+          and all(isinstance(v, float) for v in res["host_counters"].values()), res)
+    perf = ThreadPerf()
+    first = perf.read()
+    check("thread counters: counts that only grow", set(first) == set(perf.fds) and
+          all(perf.read()[k] >= v for k, v in first.items()), first)
 
     # StepGaps on stand-ins for torch modules: the module order, q from the step's start with
     # the hooks' own time left out, and P the bytes of the modules before.
@@ -1084,7 +1187,9 @@ def parse_args(argv):
                     "sides with bench/op_profile_diff.py)")
     ap.add_argument("--cpu-probe", action="store_true",
                     help="after each step, outside its timed window, time a fixed piece of host "
-                    "work (JSON key cpu_probe_ms): how fast the host ran beside each step")
+                    "work (JSON key cpu_probe_ms): how fast the host ran beside each step; and "
+                    "count the steal, IRQ time and interrupts of the CPUs the run may use over "
+                    "the steps (host_counters, a step)")
     ap.add_argument("--bw-bytes", type=int, default=GiB)
     ap.add_argument("--bw-reps", type=int, default=5)
     ap.add_argument("--print-budgets", metavar="PCTS", help="print PCT BYTES MIB lines and exit")

@@ -25,7 +25,8 @@
 # CPUS: run every side under `taskset -c CPUS` (the step is host-bound: fewer migrations).
 # ROTATE=1: round r starts with the r-th side (not with pipeline among SIDES), so that no side
 # always runs right after the same one. BENCH_ARGS=--cpu-probe: each run also times fixed host
-# work beside each step, and the summary takes the host's speed out of each run's step.
+# work beside each step, and the summary takes the host's speed out of each run's step and prints
+# what the host did beside the steps (steal, IRQ time, interrupts by kind, a step).
 # SAMPLES=1: every side also preloads dist/lib/libfs_sampler.so and samples the queueing thread's
 # stacks in the timed steps' queueing spans (every SAMPLE_US, default 500) into
 # OUT/SIDE-ROUND.samples: `python3 bench/sample_report.py OUT` says where a side's extra time goes.
@@ -216,6 +217,12 @@ THREAD_KEYS = ("queue_cpu_ms", "queue_proc_cpu_ms") + tuple(key for key, _ in CO
 # --cpu-probe (BENCH_ARGS): each run's median probe time (fixed host work beside each step), and
 # its median step over that: a side's step with the host's speed in its run taken out.
 probe, per_probe = {side: [] for side in sides}, {side: [] for side in sides}
+host = {side: [] for side in sides}  # each run's host counters a step (bench.py host_counters)
+# --cpu-probe: the queueing thread's own counters over each step's queueing span (bench.py
+# ThreadPerf), each run's median; millions for instructions and cycles.
+PERF = (("queue_instructions", "M instructions (user)", 1e6), ("queue_cycles", "M cycles (user)", 1e6),
+        ("queue_cycles_all", "M cycles (user and kernel)", 1e6), ("queue_migrations", "CPU migrations", 1))
+perf = {key: {side: [] for side in sides} for key, _, _ in PERF}
 thread = {key: {side: [] for side in sides} for key in THREAD_KEYS}
 ttfs = {side: [] for side in sides}  # seconds from the process start to the first step's end
 outputs = {}  # output fingerprint (decode: the tokens, prefill: the logits) -> runs giving it
@@ -246,6 +253,12 @@ for r in range(1, rounds + 1):
             timed_values = (result.get(key) or [])[warm:]  # none when ITERS <= the warm-up
             if timed_values:
                 thread[key][side].append(statistics.median(timed_values))
+        for key, _, scale in PERF:
+            counted = (result.get(key) or [])[warm:]
+            if counted:
+                perf[key][side].append(statistics.median(counted) / scale)
+        if result.get("host_counters") is not None:
+            host[side].append(result["host_counters"])
         probed = (result.get("cpu_probe_ms") or [])[warm:]
         if probed and ms is not None:
             probe[side].append(statistics.median(probed))
@@ -271,13 +284,14 @@ for side in sides:
 
 
 def per_side(label, values, unit, ratio):
-    """LABEL: each side's median of VALUES, with its ratio to noshim's (written as RATIO says)."""
+    """LABEL: each side's median of VALUES, with its ratio to noshim's (written as RATIO says;
+    none where noshim's is 0)."""
     if not values["noshim"] or not all(values.values()):
         return
     v0 = statistics.median(values["noshim"])
     print(f"{label}: " + "; ".join(
-        f"{side} {statistics.median(values[side]):.2f} {unit}"
-        + ("" if side == "noshim" else ratio.format(statistics.median(values[side]) / v0))
+        f"{side} {statistics.median(values[side]):.2f}" + (f" {unit}" if unit else "")
+        + ("" if side == "noshim" or not v0 else ratio.format(statistics.median(values[side]) / v0))
         for side in sides))
 
 
@@ -297,6 +311,15 @@ per_side("host speed: the CPU probe beside each step (median over runs; higher: 
          probe, "ms", " ({:.3f})")
 per_side("step over the CPU probe (median over runs: the step with the host's speed taken out)",
          per_probe, "probes", " ({:.3f})")
+for key, label, _ in PERF:
+    per_side(f"the queueing thread's {label} a step (median over runs)", perf[key], "", " ({:.3f})")
+if all(host.values()):
+    kinds = sorted({k for runs in host.values() for counters in runs for k in counters})
+    print("the host beside the steps, a step (median over runs; steal, IRQ time and interrupts on "
+          "the CPUs a run may use): " + "; ".join(
+              f"{side} " + ", ".join(
+                  f"{k} {statistics.median(c.get(k, 0) for c in host[side]):g}" for k in kinds)
+              for side in sides))
 per_side("start-up (median time to the first step's end)", ttfs, "s", " ({:.2f} x)")
 sys.exit(0 if len(outputs) <= 1 else 1)
 EOF

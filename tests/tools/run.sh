@@ -379,6 +379,10 @@ grep '^---- round' "$tmp/o" | sed 's/ (.*//' | tr '\n' ' ' >"$tmp/o2"
 expect "overhead.sh ROTATE=1: round 2 starts with shim" "$tmp/o2" '^---- round 1/2: noshim ---- round 1/2: shim ---- round 2/2: shim ---- round 2/2: noshim $'
 expect "overhead.sh --cpu-probe: the host's speed per side" "$tmp/o" '^host speed: the CPU probe beside each step \(median over runs; .*\): noshim 1\.00 ms; shim 1\.02 ms \(1\.020\)$'
 expect "overhead.sh --cpu-probe: the step over the probe, near 1 x noshim's" "$tmp/o" '^step over the CPU probe \(median over runs: .*\): noshim [0-9.]+ probes; shim [0-9.]+ probes \((0\.9[6-9]|1\.0[0-4])[0-9]\)$'
+expect "overhead.sh --cpu-probe: the host's counters per side" "$tmp/o" '^the host beside the steps, a step \(median over runs; .*\): noshim irqs LOC 20, steal_ms 0\.5; shim irqs LOC 20, steal_ms 0\.5$'
+expect "overhead.sh --cpu-probe: the queueing thread's instructions per side" "$tmp/o" '^the queueing thread.s M instructions \(user\) a step \(median over runs\): noshim [0-9.]+; shim [0-9.]+ \([01]\.[0-9]{3}\)$'
+expect "overhead.sh --cpu-probe: its migrations" "$tmp/o" '^the queueing thread.s CPU migrations a step \(median over runs\): noshim 0\.00; shim 0\.00$'
+expect_not "overhead.sh --cpu-probe: no line for a counter no run has" "$tmp/o" 'M cycles'
 FAKE=1 ROTATE=1 PROFILE="$tmp/prof.json" OUT="$tmp/ovr" ROUNDS=1 SIDES="noshim pipeline" bash bench/overhead.sh >"$tmp/o" 2>&1; rc=$?
 expect_rc "overhead.sh ROTATE=1 with pipeline: refused" 2 $rc "$tmp/o"
 expect "overhead.sh ROTATE=1 with pipeline: says why" "$tmp/o" 'ROTATE=1 with side pipeline: .*leave ROTATE out'
