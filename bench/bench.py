@@ -523,30 +523,53 @@ class ThreadPerf:
     is no perf on the GPU machine): instructions and cycles in user mode, all cycles (user and
     kernel, which takes in the interrupts handled while the thread ran), and its moves between
     CPUs. The same instructions in more cycles is the same work done more slowly (caches,
-    interrupts, the clock); more instructions is more work. Counters the host refuses (no PMU
-    in a VM, perf_event_paranoid) are left out."""
+    interrupts, the clock); more instructions is more work. A counter the host refuses (no PMU
+    in a VM; perf_event_paranoid 2 refuses the kernel-mode ones to all but root; a seccomp
+    filter) is left out, and `refused` says why. A counter the PMU time-shares is scaled up to
+    the time it was enabled."""
 
-    SYSCALL = 298  # perf_event_open, x86-64
+    SYSCALL = {"x86_64": 298, "aarch64": 241}  # perf_event_open
     # name, PERF_TYPE_HARDWARE (0) or _SOFTWARE (1), config, user mode only
     COUNTERS = (("instructions", 0, 1, True), ("cycles", 0, 0, True), ("cycles_all", 0, 0, False),
                 ("migrations", 1, 4, False))
+    READ_TIMES = 1 | 2  # read_format: the times the counter was enabled and running
 
-    def __init__(self):
+    def __init__(self, counters=COUNTERS):
         import ctypes
+        import platform
 
         libc = ctypes.CDLL(None, use_errno=True)
-        self.fds = {}
-        for name, kind, config, user_only in self.COUNTERS:
+        libc.syscall.restype = ctypes.c_long
+        number = self.SYSCALL.get(platform.machine())
+        self.fds, self.refused = {}, {}
+        for name, kind, config, user_only in counters:
+            if number is None:
+                self.refused[name] = f"no perf_event_open number for {platform.machine()}"
+                continue
             attr = (ctypes.c_uint64 * 8)()  # PERF_ATTR_SIZE_VER0: 64 bytes
             attr[0] = kind | (64 << 32)  # type, size 64
             attr[1] = config
+            attr[4] = self.READ_TIMES
             attr[5] = (1 << 5 | 1 << 6) if user_only else 0  # exclude_kernel, exclude_hv
-            fd = libc.syscall(self.SYSCALL, attr, 0, -1, -1, 0)  # this thread, any CPU
+            fd = libc.syscall(ctypes.c_long(number), attr, ctypes.c_int(0), ctypes.c_int(-1),
+                              ctypes.c_int(-1), ctypes.c_ulong(0))  # this thread, any CPU
             if fd >= 0:
                 self.fds[name] = fd
+            else:
+                self.refused[name] = os.strerror(ctypes.get_errno())
 
     def read(self):
-        return {name: int.from_bytes(os.read(fd, 8), "little") for name, fd in self.fds.items()}
+        out = {}
+        for name, fd in self.fds.items():
+            raw = os.read(fd, 24)
+            value, enabled, running = (int.from_bytes(raw[i:i + 8], "little") for i in (0, 8, 16))
+            out[name] = value * enabled // running if running and running < enabled else value
+        return out
+
+    def close(self):
+        for fd in self.fds.values():
+            os.close(fd)
+        self.fds = {}
 
 
 THREAD_PERF = None  # the queueing thread's ThreadPerf (--cpu-probe)
@@ -600,10 +623,10 @@ CPU_PROBE_REPS = 200
 
 def cpu_probe(res):
     """--cpu-probe: the time of a fixed piece of host work (Python calls and PyTorch ops on small
-    CPU tensors, no CUDA), appended to res["cpu_probe_ms"]. Run after a step's synchronize,
-    outside its timed window. A decode step at 100% is bound by the queueing thread, and a shared
-    host slows whole processes by up to 30%: a run whose steps and probe are slow alike was slowed
-    by the host, one whose steps alone are slow by what it runs (the shim's cost)."""
+    CPU tensors, no CUDA), appended to res["cpu_probe_ms"]. A decode step at 100% is bound by the
+    queueing thread, and a shared host slows whole processes by up to 30%: a run whose steps and
+    probe are slow alike was slowed by the host, one whose steps alone are slow by what it runs
+    (the shim's cost)."""
     import torch
 
     t = torch.zeros(8)
@@ -616,10 +639,11 @@ def cpu_probe(res):
 
 class HostCounters:
     """--cpu-probe: what the host did beside the timed steps, a step (res["host_counters"]): the
-    steal, IRQ and soft-IRQ time of the CPUs this process may run on (/proc/stat; steal is time a
-    hypervisor gave those CPUs to others) and the interrupts those CPUs took, by kind
-    (/proc/interrupts: the GPU driver's, timer, rescheduling, TLB-shootdown and call IPIs...). A
-    side whose steps are slower with the same counters was not slowed by the host."""
+    steal, IRQ and soft-IRQ time of the CPUs this process may run on (/proc/stat, 10 ms ticks;
+    steal is time a hypervisor gave those CPUs to others) and the interrupts those CPUs took, by
+    kind (/proc/interrupts: a device's by its name, e.g. nvidia; the named rows: LOC timer, RES
+    rescheduling, TLB shootdown, CAL call IPIs...). A side whose steps are slower with the same
+    counters was not slowed by the host."""
 
     STAT_FIELDS = {"irq_ms": 5, "softirq_ms": 6, "steal_ms": 7}  # after the cpuN name
 
@@ -640,15 +664,42 @@ class HostCounters:
             cols = [int(c[3:]) for c in f.readline().split()]  # CPU0 CPU1 ...
             for line in f:
                 name, *vals = line.split()
-                kind = "irqs " + (vals[-1] if not name[:-1].isalpha() else name[:-1])
-                mine = [int(v) for c, v in zip(cols, vals) if c in self.cpus and v.isdigit()]
-                counts[kind] = counts.get(kind, 0) + sum(mine)
+                if len(vals) < len(cols):
+                    continue  # ERR, MIS: one count for the whole system
+                # a numbered line: the CPUs' counts, its chip, its trigger, then the device(s)
+                kind = " ".join(vals[len(cols) + 2:]) if name[:-1].isdigit() else name[:-1]
+                mine = sum(int(v) for c, v in zip(cols, vals) if c in self.cpus)
+                counts["irqs " + kind] = counts.get("irqs " + kind, 0) + mine
         return counts
 
-    def finish(self, res, steps):
+    def since(self, start, steps):
+        """The counts a step from START (an earlier read) to now, those that moved."""
         end = self.read()
-        res["host_counters"] = {key: round((end[key] - self.start.get(key, 0)) / steps, 3)
-                                for key in end if end[key] != self.start.get(key, 0)}
+        return {key: round((end[key] - start.get(key, 0)) / steps, 3)
+                for key in end if end[key] != start.get(key, 0)}
+
+
+class StepProbes:
+    """--cpu-probe beside a loop of steps: after each step (outside its timed window) the CPU
+    probe, and the host's counters over the timed steps (those after the warm-up ones)."""
+
+    def __init__(self, args):
+        self.on, self.warmup = args.cpu_probe, args.warmup
+        self.host = HostCounters() if self.on else None
+        self.start = self.host.start if self.on else None
+
+    def after_step(self, res, i):
+        """Step I (from 0) has ended."""
+        if not self.on:
+            return
+        cpu_probe(res)
+        if i + 1 == self.warmup:
+            self.start = self.host.read()
+
+    def finish(self, res, steps):
+        """STEPS steps ran; none after the warm-up ones: no counters."""
+        if self.on and steps > self.warmup:
+            res["host_counters"] = self.host.since(self.start, steps - self.warmup)
 
 
 def run_prefill(model, args, res, stop, sampler):
@@ -659,7 +710,7 @@ def run_prefill(model, args, res, stop, sampler):
                       dtype=torch.long).to("cuda")
     times, hashes = [], []
     last_tokens = None
-    counters = HostCounters() if args.cpu_probe else None
+    probes = StepProbes(args)
     with torch.no_grad():
         for i in range(args.iters):
             torch.cuda.synchronize()
@@ -670,8 +721,7 @@ def run_prefill(model, args, res, stop, sampler):
             note_step_queued(res, t0, start, sampler)
             torch.cuda.synchronize()
             times.append(time.perf_counter() - t0)
-            if args.cpu_probe:
-                cpu_probe(res)
+            probes.after_step(res, i)
             if layers:
                 layers.finish(res)
             if i == 0:
@@ -688,8 +738,7 @@ def run_prefill(model, args, res, stop, sampler):
             if stop(i):
                 print(f"  profile saved at iteration {stop.seen_at + 1}: stopping", flush=True)
                 break
-        if counters:
-            counters.finish(res, len(times))
+        probes.finish(res, len(times))
         if args.system == "noshim":
             measure_gaps(model, lambda: model(input_ids=x, use_cache=False), res)
     res["fingerprint"] = {"kind": "logits-rowsum-sha256", "value": hashes[-1],
@@ -723,7 +772,7 @@ def run_decode(model, args, res, stop, sampler):
         res["prompt_ms"] = r3((time.perf_counter() - t0) * 1000)
         del out
         toks = [cur]
-        counters = HostCounters() if args.cpu_probe else None
+        probes = StepProbes(args)
         for i in range(args.iters):
             torch.cuda.synchronize()
             if i > 0:
@@ -736,8 +785,7 @@ def run_decode(model, args, res, stop, sampler):
             note_step_queued(res, t0, start, sampler)
             torch.cuda.synchronize()
             times.append(time.perf_counter() - t0)
-            if args.cpu_probe:
-                cpu_probe(res)
+            probes.after_step(res, i)
             toks.append(cur)
             del out
             if layers:  # step 1: the prompt and decode step 1
@@ -751,8 +799,7 @@ def run_decode(model, args, res, stop, sampler):
             if stop(i):
                 print(f"  profile saved at step {stop.seen_at + 1}: stopping", flush=True)
                 break
-        if counters:
-            counters.finish(res, len(times))
+        probes.finish(res, len(times))
         # Steps after the timed ones, not in the token list (the fingerprint does not see them).
         state = {"cur": cur, "past": past}
 
@@ -873,8 +920,9 @@ def measure(args, res):
     sampler = StackSampler(args.samples, args.sample_us, args.warmup) if args.samples else None
     global THREAD_PERF
     THREAD_PERF = ThreadPerf() if args.cpu_probe else None
-    if THREAD_PERF is not None and not THREAD_PERF.fds:
-        print("--cpu-probe: no thread counters here (perf_event_open refused)", flush=True)
+    if THREAD_PERF is not None and THREAD_PERF.refused:
+        print("--cpu-probe: thread counters refused here: " + "; ".join(
+            f"{name} ({why})" for name, why in THREAD_PERF.refused.items()), flush=True)
     times = runner(model, args, res, stop, sampler)
     if sampler:
         sampler.write(res)
@@ -939,7 +987,8 @@ def fake_measure(args, res):
         res["op_profile_steps"] = args.op_profile
     if args.cpu_probe:  # the host as slow in the shim's runs as their steps (a fake 1.02 x)
         res["cpu_probe_ms"] = [1.02 if args.system in SHIM_SYSTEMS else 1.0] * len(times)
-        res["host_counters"] = {"steal_ms": 0.5, "irqs LOC": 20.0}
+        res["host_counters"] = {"steal_ms": 0.5, "irqs LOC": 22.0 if args.system in SHIM_SYSTEMS
+                                else 20.0}
         res["queue_instructions"] = [int(t * 4e6) for t in times]  # the step's length in work
         res["queue_migrations"] = [0] * len(times)
     if args.samples:  # the shim's sides 1 ms more a step in cuLaunchKernel
@@ -1005,20 +1054,28 @@ def selftest():
     except ValueError:
         check("parse_pcts rejects 0", True)
 
-    # --cpu-probe's counters on this machine: the host's over a busy stretch (its timer ticks
-    # on the CPUs the process may use), and the thread's, of which the software migration
-    # counter is open wherever perf_event_open is allowed.
-    counters, res = HostCounters(), {}
-    busy_until = time.perf_counter() + 0.2
-    while time.perf_counter() < busy_until:
-        pass
-    counters.finish(res, 2)
-    check("host counters: a dict of numbers a step", isinstance(res.get("host_counters"), dict)
-          and all(isinstance(v, float) for v in res["host_counters"].values()), res)
-    perf = ThreadPerf()
-    first = perf.read()
-    check("thread counters: counts that only grow", set(first) == set(perf.fds) and
-          all(perf.read()[k] >= v for k, v in first.items()), first)
+    # --cpu-probe's counters on this machine, over a busy stretch: the host's (the CPUs' timer
+    # interrupts at least), and the thread's through the same code with a software counter that
+    # perf_event_paranoid 2 allows in user mode (the task clock), where the host allows any.
+    def busy(seconds):
+        until = time.perf_counter() + seconds
+        while time.perf_counter() < until:
+            pass
+
+    host = HostCounters()
+    busy(0.2)
+    moved = host.since(host.start, 2)
+    check("host counters: interrupts counted a step", any(
+        k.startswith("irqs ") and v > 0 for k, v in moved.items()), moved)
+    clock = ThreadPerf(counters=(("task_clock", 1, 1, True),))
+    if clock.refused:
+        check("thread counters: refused, and said why", clock.refused["task_clock"], clock.refused)
+    else:
+        first = clock.read()["task_clock"]
+        busy(0.05)
+        ns = clock.read()["task_clock"] - first
+        check("thread counters: the task clock counts a 50 ms busy loop", 4e7 < ns < 5e8, ns)
+    clock.close()
 
     # StepGaps on stand-ins for torch modules: the module order, q from the step's start with
     # the hooks' own time left out, and P the bytes of the modules before.

@@ -262,7 +262,7 @@ for r in range(1, rounds + 1):
         probed = (result.get("cpu_probe_ms") or [])[warm:]
         if probed and ms is not None:
             probe[side].append(statistics.median(probed))
-            per_probe[side].append(ms / statistics.median(probed))
+            per_probe[side].append(ms / probe[side][-1])
         if result.get("ttfs_s") is not None:
             ttfs[side].append(result["ttfs_s"])
         if fp is not None:
@@ -313,8 +313,8 @@ per_side("step over the CPU probe (median over runs: the step with the host's sp
          per_probe, "probes", " ({:.3f})")
 for key, label, _ in PERF:
     per_side(f"the queueing thread's {label} a step (median over runs)", perf[key], "", " ({:.3f})")
-if all(host.values()):
-    kinds = sorted({k for runs in host.values() for counters in runs for k in counters})
+kinds = sorted({k for runs in host.values() for counters in runs for k in counters})
+if all(host.values()) and kinds:
     print("the host beside the steps, a step (median over runs; steal, IRQ time and interrupts on "
           "the CPUs a run may use): " + "; ".join(
               f"{side} " + ", ".join(
