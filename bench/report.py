@@ -269,12 +269,12 @@ def analyse(lines):
             return latest(same), True
         return (latest(cand), False) if cand else (None, False)
 
-    # The latest measurement of each (model, workload, system, budget); for noshim, the latest of
-    # a run that also measured flexshim, whose C the flexshim rows and targets are taken against
-    # (merged files: a second call's noshim is only that call's reference).
     def cell_of(d):
         return d.get("model"), d.get("workload"), d.get("system"), pct_key(d.get("budget_pct"))
 
+    # The latest measurement of each (model, workload, system, budget); for noshim, the latest of
+    # a run that also measured flexshim, whose C the flexshim rows and targets are taken against
+    # (merged files: a second call's noshim is only that call's reference).
     cells = {}
     for d in meas:
         cells.setdefault(cell_of(d), []).append(d)
