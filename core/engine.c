@@ -998,7 +998,7 @@ void fs_engine_shutdown(void)
     FS_INFO("residency: budget %s, device peak %s, pinned host %s; %llu evictions (%llu bytes), "
             "%llu fault-ins (%llu bytes), %llu placed on host, %llu host-served references, "
             "%llu forced synchronizes, %llu internal failures; device blocks %llu made (%.1f ms), "
-            "%llu given back for another size (%.1f ms)",
+            "%llu given back for another size (%.1f ms); background pinner %s (%llu blocks)",
             budget, peak, held, (unsigned long long)s.res.evictions,
             (unsigned long long)s.res.evicted_bytes, (unsigned long long)s.res.faults,
             (unsigned long long)s.res.faulted_bytes, (unsigned long long)s.res.placed_on_host,
@@ -1006,7 +1006,9 @@ void fs_engine_shutdown(void)
             (unsigned long long)s.res.failures, (unsigned long long)s.res.device_blocks.made,
             (double)s.res.device_blocks.made_ns / 1e6,
             (unsigned long long)s.res.device_blocks.released,
-            (double)s.res.device_blocks.released_ns / 1e6);
+            (double)s.res.device_blocks.released_ns / 1e6,
+            s.res.pinner_starts ? "started" : "not started",
+            (unsigned long long)s.res.background_pins);
     FS_INFO("write-back: %llu evictions skipped it (fingerprint unchanged, %llu bytes); %llu "
             "fingerprints taken", (unsigned long long)s.res.clean_evictions,
             (unsigned long long)s.res.clean_bytes, (unsigned long long)s.res.fingerprints);

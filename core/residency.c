@@ -143,6 +143,7 @@ static void wake_pinner(struct fs_residency *res)
     if (!res->pinner_started && res->background_pinning && !res->pinner_failed) {
         res->pinner_started = pthread_create(&res->pinner, NULL, pinner_main, res) == 0;
         res->pinner_failed = !res->pinner_started;
+        STAT(res, pinner_starts, res->pinner_started);
         if (res->pinner_failed)
             FS_WARN("cannot start the background pinning thread; host memory is pinned on demand");
     }

@@ -864,6 +864,7 @@ static void test_early_start(void **state)
         assert_int_equal(st.exec.plans, 1);
         assert_true(st.res.placed_on_host > 0);
         assert_true(st.res.device_bytes_peak <= 64 * MIB);
+        assert_int_equal(st.res.pinner_starts, 1); /* the plan offloads: pinned ahead */
     }
     struct fs_engine_stats st;
     start_early = true;
@@ -873,6 +874,7 @@ static void test_early_start(void **state)
     assert_null(strstr(log, "starting early"));
     assert_int_equal(st.res.placed_on_host, 0);
     assert_int_equal(st.res.background_pins, 0);
+    assert_int_equal(st.res.pinner_starts, 0);
 
     /* A plan that moves nothing, w[3] read in place (68 MiB of allocations, 66 without it, within
      * 67): nothing to pin early either, no pinner thread; w[3] is pinned as it is made. */
@@ -890,6 +892,7 @@ static void test_early_start(void **state)
     assert_non_null(strstr(log, "plan adaptive(knapsack) at 67 MiB"));
     assert_int_equal(st.res.placed_on_host, 1);
     assert_int_equal(st.res.background_pins, 0);
+    assert_int_equal(st.res.pinner_starts, 0);
     assert_int_equal(st.res.evictions, 0);
     unlink(log_path);
     unlink(other);
