@@ -261,29 +261,36 @@ def analyse(lines):
             return latest(same), True
         return (latest(bw), False) if bw else (None, False)
 
+    # The runs that measured flexshim: their noshim is the one a merge shows (below).
+    shim_runs = {(d.get("run_id"), d.get("model"), d.get("workload")) for d in meas
+                 if d.get("system") in SHIM_SYSTEMS}
+
+    def preferred(noshims):
+        """The latest of NOSHIMS from a run that measured flexshim, else the latest."""
+        with_shim = [d for d in noshims
+                     if (d.get("run_id"), d.get("model"), d.get("workload")) in shim_runs]
+        return latest(with_shim or noshims)
+
     def pick_C(run_id, model, workload):
         cand = [d for d in meas if d.get("system") == "noshim" and d.get("model") == model
                 and d.get("workload") == workload]
         same = [d for d in cand if d.get("run_id") == run_id]
         if same:
             return latest(same), True
-        return (latest(cand), False) if cand else (None, False)
+        return (preferred(cand), False) if cand else (None, False)
 
     def cell_of(d):
         return d.get("model"), d.get("workload"), d.get("system"), pct_key(d.get("budget_pct"))
 
     # The latest measurement of each (model, workload, system, budget); for noshim, the latest of
     # a run that also measured flexshim, whose C the flexshim rows and targets are taken against
-    # (merged files: a second call's noshim is only that call's reference).
+    # (merged files: another call's noshim is only that call's reference).
     cells = {}
     for d in meas:
         cells.setdefault(cell_of(d), []).append(d)
-    shim_runs = {(d.get("run_id"), d.get("model"), d.get("workload")) for d in meas
-                 if d.get("system") in SHIM_SYSTEMS}
     rows = []
     for key, group in cells.items():
-        with_shim = [d for d in group if (d.get("run_id"), key[0], key[1]) in shim_runs]
-        d = latest(with_shim if key[2] == "noshim" and with_shim else group)
+        d = preferred(group) if key[2] == "noshim" else latest(group)
         model, workload, system, pct = key
         row = {"model": model, "workload": workload, "system": system, "budget_pct": pct,
                "budget_bytes": d.get("budget_bytes"), "weight_bytes": d.get("weight_bytes"),
@@ -309,11 +316,23 @@ def analyse(lines):
         add_system_notes(row, d)
         rows.append(row)
 
-    # The limit of each (model, workload, budget) that has a measurement, for the table/plot.
-    limits = {}
+    # A row whose C is its own run's noshim, not the one shown, says so.
+    shown = {(r["model"], r["workload"]): r["run_id"] for r in rows if r["system"] == "noshim"}
+    for r in rows:
+        if (r["system"] != "noshim" and r.get("C_ms") is not None and not r.get("limit_from")
+                and shown.get((r["model"], r["workload"]), r["run_id"]) != r["run_id"]):
+            r["notes"].append(f"C {r['C_ms']:g} ms from its own run {r['run_id']}")
+
+    # The limit of each (model, workload, budget) that has a measurement, for the table/plot:
+    # noshim's, else flexshim's (the targets' reference), else any row's.
+    def rank(r):
+        return 2 if r["system"] == "noshim" else 1 if r["system"] in SHIM_SYSTEMS else 0
+
+    limits, limit_rank = {}, {}
     for r in rows:
         k = (r["model"], r["workload"], r["budget_pct"])
-        if r.get("L_ms") and (k not in limits or r["system"] == "noshim"):
+        if r.get("L_ms") and rank(r) > limit_rank.get(k, -1):
+            limit_rank[k] = rank(r)
             limits[k] = {x: r.get(x) for x in ("model", "workload", "budget_pct", "budget_bytes",
                                                "L_ms", "C_ms", "B_bytes", "BW_ms", "W_gb_per_s",
                                                "G_ms", "G_at", "Lg_ms")}
@@ -333,7 +352,9 @@ def analyse(lines):
                                                 "limit_ms", "blocks_per_iter")})
     return {"rows": sort_rows(rows), "limits": sorted(limits.values(), key=limit_sort),
             "targets": targets(rows), "startup": startup(rows),
-            "not_measured": [compact(d) for d in other if cell_of(d) not in cells],
+            # a skip that another merged file measured is no gap; a failure stays listed
+            "not_measured": [compact(d) for d in other
+                             if d.get("kind") != "skipped" or cell_of(d) not in cells],
             "records": [compact(d) for d in records],
             "bandwidth": [{k: d.get(k) for k in ("run_id", "W_bytes_per_s", "bandwidth", "gpu")}
                           for d in bw],
@@ -912,7 +933,7 @@ SHIM_SAMPLE = """[flexshim 99] info: allocations: 0 managed (0 bytes), 0 passed 
 [flexshim 42] warn: something odd
 [flexshim 42] debug: plan: noise
 [flexshim 42] info: allocations: 300 managed (14483464192 bytes), 20 passed through (1000 bytes); 5 frees
-[flexshim 42] info: residency: budget 3.37 GiB, device peak 3.36 GiB, pinned host 10.1 GiB; 100 evictions (2000 bytes), 7 fault-ins (70 bytes), 0 placed on host, 0 host-served references, 0 forced synchronizes, 0 internal failures; device blocks 300 made (240.5 ms), 290 given back for another size (30.1 ms)
+[flexshim 42] info: residency: budget 3.37 GiB, device peak 3.36 GiB, pinned host 10.1 GiB; 100 evictions (2000 bytes), 7 fault-ins (70 bytes), 0 placed on host, 0 host-served references, 0 forced synchronizes, 0 internal failures; device blocks 300 made (240.5 ms), 290 given back for another size (30.1 ms); background pinner started (3 blocks)
 [flexshim 42] info: launches: 5000 seen, 4000 referencing managed memory, 0 unknown (parameters unreadable), 30 layout queries
 [flexshim 42] info: plan: 1 installed; 4000 launches followed (3 of the plan's skipped, 4 extra), 1 departures, 10 launches run reactively, found 2 times; 500 prefetches (123456 bytes moved in) and 480 evictions queued; 12 late and 3 unplanned references; 34.5 ms waited for late prefetches; 88 references ordered after a prefetch's copy on their stream (90 prefetches mapped early); 0 evictions skipped (in use), 0 failed moves, 0 dropped, 0 give-ups
 """
@@ -1021,6 +1042,9 @@ def selftest():
                                                                    "tokens": toks[:13]}),
             {"kind": "failed", "run_id": "B", "model": "7b", "workload": "prefill",
              "system": "accelerate", "budget_pct": 25, "rc": 124, "reason": "timed out"},
+            # a later failure of a cell run A measured: still listed
+            {"kind": "failed", "run_id": "B", "model": "7b", "workload": "prefill",
+             "system": "flexshim", "budget_pct": 50, "rc": 1, "reason": "CUDA error"},
         ]
         for path, ls in ((fa, a_lines), (fb, b_lines)):
             for x in ls:
@@ -1096,9 +1120,21 @@ def selftest():
         check("target ttfs", t[k]["met"] is True and abs(t[k]["value"] - 1.1) < 1e-9, t[k])
         check("simulate beside flexshim", rows[("prefill", "flexshim", 50)].get("predicted", [{}])
               [0].get("replay_ms") == 16.825)
-        check("failed listed; skipped but measured in the other file not",
-              [(x["system"], x["kind"]) for x in doc["not_measured"]] == [("accelerate", "failed")]
+        check("failures listed, even of a measured cell; a skip the other file measured not",
+              [(x["system"], x["kind"]) for x in doc["not_measured"]]
+              == [("accelerate", "failed"), ("flexshim", "failed")]
               and rows[("prefill", "pipeline", 25)]["step_ms"] == 260.0, doc["not_measured"])
+        check("a row against its own run's C, not the shown noshim's, says so",
+              "C 22 ms from its own run B" in rows[("decode", "accelerate", 25)]["notes"]
+              and not any("from its own run" in n for n in rows[("decode", "flexshim", 25)]
+                          ["notes"]), rows[("decode", "accelerate", 25)]["notes"])
+        limit25 = {(x["workload"], x["budget_pct"]): x for x in doc["limits"]}[("decode", 25)]
+        with contextlib.redirect_stdout(io.StringIO()):
+            cmd_build(argparse.Namespace(files=[fb, fa], out=out + "-ba"))
+        doc_ba = json.load(open(os.path.join(out + "-ba", "bench.json")))
+        limit25_ba = {(x["workload"], x["budget_pct"]): x for x in doc_ba["limits"]}[("decode", 25)]
+        check("the L row below 100% is flexshim's run's, in either file order",
+              limit25["C_ms"] == 20.0 and limit25_ba == limit25, (limit25, limit25_ba))
         check("unparsed counted", doc["unparsed_lines"] == 1)
         check("table has L rows", "  L  " in text and "MISSED" in text, text)
         check("summary.txt written", open(os.path.join(out, "summary.txt")).read() == text)

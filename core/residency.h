@@ -114,7 +114,7 @@ struct fs_res_stats {
     struct fs_pool_counts device_blocks;
     uint64_t host_bytes_held;   /* host pool */
     uint64_t background_pins;   /* host blocks the pinner thread pinned */
-    uint64_t pinner_starts;     /* 1 once the pinner thread runs (it starts at its first work) */
+    uint64_t pinner_starts;     /* 1 once the pinner thread is started (at its first work) */
     uint64_t evictions, evicted_bytes;
     uint64_t faults, faulted_bytes;   /* on-demand fault-ins */
     uint64_t prefetches, prefetched_bytes;

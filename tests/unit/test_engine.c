@@ -664,7 +664,8 @@ static struct fs_device *start_logged(const char *path, const char *extra, const
 }
 
 /* A fresh engine from the profile PATH with EXTRA settings, logging to LOG_PATH: the program runs
- * ITERS iterations (its data checked) and the engine stops; its stats in ST, its log in LOG. */
+ * ITERS iterations (its data checked) and the engine shuts down as at exit (its report in the
+ * log) and stops; its stats in ST, its log in LOG. */
 static void run_logged(const char *path, const char *extra, const char *log_path, int iters,
                        struct fs_engine_stats *st, char *log, size_t log_size)
 {
@@ -672,6 +673,7 @@ static void run_logged(const char *path, const char *extra, const char *log_path
     struct fs_device *dev = start_logged(path, extra, log_path, w, &act);
     assert_int_equal(run_program(dev, w, L, act, iters), 0);
     fs_engine_get_stats(st);
+    fs_engine_shutdown();
     stop(dev);
     fs_test_read_file(log_path, log, log_size);
 }
@@ -865,6 +867,7 @@ static void test_early_start(void **state)
         assert_true(st.res.placed_on_host > 0);
         assert_true(st.res.device_bytes_peak <= 64 * MIB);
         assert_int_equal(st.res.pinner_starts, 1); /* the plan offloads: pinned ahead */
+        assert_non_null(strstr(log, "; background pinner started ("));
     }
     struct fs_engine_stats st;
     start_early = true;
@@ -893,6 +896,7 @@ static void test_early_start(void **state)
     assert_int_equal(st.res.placed_on_host, 1);
     assert_int_equal(st.res.background_pins, 0);
     assert_int_equal(st.res.pinner_starts, 0);
+    assert_non_null(strstr(log, "; background pinner not started (0 blocks)"));
     assert_int_equal(st.res.evictions, 0);
     unlink(log_path);
     unlink(other);
