@@ -649,7 +649,6 @@ class HostCounters:
 
     def __init__(self):
         self.cpus = os.sched_getaffinity(0)
-        self.start = self.read()
 
     def read(self):
         counts = dict.fromkeys(self.STAT_FIELDS, 0.0)
@@ -686,7 +685,7 @@ class StepProbes:
     def __init__(self, args):
         self.on, self.warmup = args.cpu_probe, args.warmup
         self.host = HostCounters() if self.on else None
-        self.start = self.host.start if self.on else None
+        self.start = self.host.read() if self.on else None
 
     def after_step(self, res, i):
         """Step I (from 0) has ended."""
@@ -1063,8 +1062,9 @@ def selftest():
             pass
 
     host = HostCounters()
+    start = host.read()
     busy(0.2)
-    moved = host.since(host.start, 2)
+    moved = host.since(start, 2)
     check("host counters: interrupts counted a step", any(
         k.startswith("irqs ") and v > 0 for k, v in moved.items()), moved)
     clock = ThreadPerf(counters=(("task_clock", 1, 1, True),))

@@ -208,22 +208,24 @@ med = {side: [] for side in sides}
 # Each run's 10th-percentile step: a shared host's interference (other tenants, CPU steal) only
 # ever adds time, so a run's fast steps show the side's own cost more steadily than its median.
 fast = {side: [] for side in sides}
-queue = {side: [] for side in sides}  # each run's median host time to queue a step (bench.py)
-# The queueing thread's own account of that span (bench.py), each run's median: its CPU time and
-# the whole process's, then its blocks (voluntary context switches), preemptions (involuntary)
-# and minor page faults.
+# Each run's median over its timed steps of bench.py's per-step values: the host time to queue
+# a step; the queueing thread's own account of that span: its CPU time and the whole process's,
+# then its blocks (voluntary context switches), preemptions (involuntary) and minor page faults;
+# with --cpu-probe (BENCH_ARGS) its hardware counters (ThreadPerf; millions for instructions and
+# cycles) and the probe time (fixed host work beside each step).
 COUNTS = (("queue_vcsw", "blocks"), ("queue_ivcsw", "preemptions"), ("queue_minflt", "minor faults"))
-THREAD_KEYS = ("queue_cpu_ms", "queue_proc_cpu_ms") + tuple(key for key, _ in COUNTS)
-# --cpu-probe (BENCH_ARGS): each run's median probe time (fixed host work beside each step), and
-# its median step over that: a side's step with the host's speed in its run taken out.
-probe, per_probe = {side: [] for side in sides}, {side: [] for side in sides}
-host = {side: [] for side in sides}  # each run's host counters a step (bench.py host_counters)
-# --cpu-probe: the queueing thread's own counters over each step's queueing span (bench.py
-# ThreadPerf), each run's median; millions for instructions and cycles.
-PERF = (("queue_instructions", "M instructions (user)", 1e6), ("queue_cycles", "M cycles (user)", 1e6),
-        ("queue_cycles_all", "M cycles (user and kernel)", 1e6), ("queue_migrations", "CPU migrations", 1))
-perf = {key: {side: [] for side in sides} for key, _, _ in PERF}
-thread = {key: {side: [] for side in sides} for key in THREAD_KEYS}
+PERF = (("queue_instructions", "M instructions (user)", 1e6),
+        ("queue_cycles", "M cycles (user)", 1e6),
+        ("queue_cycles_all", "M cycles (user and kernel)", 1e6),
+        ("queue_migrations", "CPU migrations", 1))
+STEP_KEYS = (("queue_ms", "queue_cpu_ms", "queue_proc_cpu_ms") + tuple(key for key, _ in COUNTS)
+             + tuple(key for key, _, _ in PERF) + ("cpu_probe_ms",))
+SCALE = {key: scale for key, _, scale in PERF}
+per_run = {key: {side: [] for side in sides} for key in STEP_KEYS}
+# --cpu-probe: each run's median step over its median probe (the step with the host's speed in
+# that run taken out), and its host counters a step (bench.py host_counters).
+per_probe = {side: [] for side in sides}
+host = {side: [] for side in sides}
 ttfs = {side: [] for side in sides}  # seconds from the process start to the first step's end
 outputs = {}  # output fingerprint (decode: the tokens, prefill: the logits) -> runs giving it
 for r in range(1, rounds + 1):
@@ -246,23 +248,14 @@ for r in range(1, rounds + 1):
         timed = sorted((result.get("step_ms") or [])[warm:])
         if timed:
             fast[side].append(timed[len(timed) // 10])
-        queued = (result.get("queue_ms") or [])[warm:]
-        if queued:
-            queue[side].append(statistics.median(queued))
-        for key in THREAD_KEYS:
+        for key in STEP_KEYS:
             timed_values = (result.get(key) or [])[warm:]  # none when ITERS <= the warm-up
             if timed_values:
-                thread[key][side].append(statistics.median(timed_values))
-        for key, _, scale in PERF:
-            counted = (result.get(key) or [])[warm:]
-            if counted:
-                perf[key][side].append(statistics.median(counted) / scale)
+                per_run[key][side].append(statistics.median(timed_values) / SCALE.get(key, 1))
+        if ms is not None and (result.get("cpu_probe_ms") or [])[warm:]:
+            per_probe[side].append(ms / per_run["cpu_probe_ms"][side][-1])
         if result.get("host_counters") is not None:
             host[side].append(result["host_counters"])
-        probed = (result.get("cpu_probe_ms") or [])[warm:]
-        if probed and ms is not None:
-            probe[side].append(statistics.median(probed))
-            per_probe[side].append(ms / probe[side][-1])
         if result.get("ttfs_s") is not None:
             ttfs[side].append(result["ttfs_s"])
         if fp is not None:
@@ -296,23 +289,24 @@ def per_side(label, values, unit, ratio):
 
 
 per_side("10th-percentile step (median over runs)", fast, "ms", " ({:.3f})")
-per_side("host time to queue a step (median over runs; near the step: host-bound)", queue, "ms",
-         " ({:.3f})")
+per_side("host time to queue a step (median over runs; near the step: host-bound)",
+         per_run["queue_ms"], "ms", " ({:.3f})")
 per_side("the queueing thread's CPU time a step (median over runs; the rest of the host time is "
-         "waiting or preemption)", thread["queue_cpu_ms"], "ms", " ({:.3f})")
+         "waiting or preemption)", per_run["queue_cpu_ms"], "ms", " ({:.3f})")
 per_side("the whole process's CPU time in that span (median over runs; well above the thread's: "
-         "another thread busy beside it)", thread["queue_proc_cpu_ms"], "ms", " ({:.3f})")
-if all(all(thread[key].values()) for key, _ in COUNTS):
+         "another thread busy beside it)", per_run["queue_proc_cpu_ms"], "ms", " ({:.3f})")
+if all(all(per_run[key].values()) for key, _ in COUNTS):
     print("the queueing thread a step (median over runs): " + "; ".join(
-        f"{side} " + ", ".join(f"{statistics.median(thread[key][side]):g} {name}"
+        f"{side} " + ", ".join(f"{statistics.median(per_run[key][side]):g} {name}"
                                for key, name in COUNTS)
         for side in sides))
 per_side("host speed: the CPU probe beside each step (median over runs; higher: a slower host)",
-         probe, "ms", " ({:.3f})")
+         per_run["cpu_probe_ms"], "ms", " ({:.3f})")
 per_side("step over the CPU probe (median over runs: the step with the host's speed taken out)",
          per_probe, "probes", " ({:.3f})")
 for key, label, _ in PERF:
-    per_side(f"the queueing thread's {label} a step (median over runs)", perf[key], "", " ({:.3f})")
+    per_side(f"the queueing thread's {label} a step (median over runs)", per_run[key], "",
+             " ({:.3f})")
 kinds = sorted({k for runs in host.values() for counters in runs for k in counters})
 if all(host.values()) and kinds:
     print("the host beside the steps, a step (median over runs; steal, IRQ time and interrupts on "
