@@ -140,4 +140,22 @@ else
     fail "build the stand-in driver, its program and the RTLD_NEXT libraries" "$(tail -5 "$tmp/o")"
 fi
 
+# 8. The early start (PROFILE of this program, PIN_MODE=background) asks for the device only once
+# its plan moves something: asking loads the driver on the early thread, before main(), and a
+# process whose plan then moved nothing ran its launch-bound steps slower (docs/PERFORMANCE.md,
+# stop 38). The stand-in driver of section 7, found first through LD_LIBRARY_PATH, lacks cuInit:
+# loading it says so. Nothing is managed (MIN_OFFLOAD_BYTES), so only the early thread can load it.
+if [ -f "$tmp/libcuda.so.1" ]; then
+    sed "s|\"program\": \"[^\"]*\"|\"program\": \"$PROG\"|" tests/data/small.json >"$tmp/early.json"
+    for budget in 100% 64MiB; do
+        (cd "$tmp" && env -u CUDA_VISIBLE_DEVICES $(env | sed -n 's/^\(FLEXTENSOR_[A-Za-z0-9_]*\)=.*/-u \1/p') \
+            LD_PRELOAD="$PRELOAD" LD_LIBRARY_PATH="$tmp" FLEXTENSOR_CONFIG= FLEXTENSOR_PROFILE="$tmp/early.json" \
+            FLEXTENSOR_GPU_MEMORY_LIMIT=$budget FLEXTENSOR_MIN_OFFLOAD_BYTES=64TiB "$PROG") >"$tmp/early_$budget" 2>&1
+        expect "early start at $budget: the program runs" "$tmp/early_$budget" '^runtime saw 4 mallocs, 4 frees$'
+    done
+    expect_not "early start, a plan that moves nothing: the driver is not loaded" "$tmp/early_100%" 'has no cuInit'
+    expect "early start, a plan that moves something: the early thread asks for the device" "$tmp/early_64MiB" \
+        'libcuda.so.1 has no cuInit'
+fi
+
 finish
