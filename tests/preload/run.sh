@@ -141,9 +141,9 @@ else
 fi
 
 # 8. The early start (PROFILE of this program, PIN_MODE=background) asks for the device only once
-# its plan moves something: asking loads the driver on the early thread, before main(), and a
-# process whose plan then moved nothing ran its launch-bound steps slower (docs/PERFORMANCE.md,
-# stop 38). The stand-in driver of section 7, found first through LD_LIBRARY_PATH, lacks cuInit:
+# its plan moves something: asking loads the driver on the early thread, before main(), which a
+# plan that moves nothing never needs (docs/PERFORMANCE.md, stop 38, on why it matters). The
+# stand-in driver of section 7, found first through LD_LIBRARY_PATH, lacks cuInit:
 # loading it says so. Nothing is managed (MIN_OFFLOAD_BYTES), so only the early thread can load it.
 if [ -f "$tmp/libcuda.so.1" ]; then
     sed "s|\"program\": \"[^\"]*\"|\"program\": \"$PROG\"|" tests/data/small.json >"$tmp/early.json"
