@@ -16,11 +16,14 @@ NAME=preload
 . "$PWD/tests/check.sh"
 
 
-# Run the program with a clean FLEXTENSOR_* environment plus the given assignments.
+# Run a command with none of the caller's FLEXTENSOR_* settings and no configuration file, plus
+# the given assignments: clean_env [VAR=VALUE...] COMMAND [ARGS...]
+clean_env() { env $(env | sed -n 's/^\(FLEXTENSOR_[A-Za-z0-9_]*\)=.*/-u \1/p') FLEXTENSOR_CONFIG= "$@"; }
+
+# Run the program in $tmp with a clean environment plus the given assignments.
 run_prog() { # run_prog OUTFILE [VAR=VALUE...]
     local out=$1; shift
-    (cd "$tmp" && env $(env | sed -n 's/^\(FLEXTENSOR_[A-Za-z0-9_]*\)=.*/-u \1/p') \
-        LD_PRELOAD="$PRELOAD" FLEXTENSOR_CONFIG= "$@" "$PROG") >"$out" 2>&1
+    (cd "$tmp" && clean_env LD_PRELOAD="$PRELOAD" "$@" "$PROG") >"$out" 2>&1
 }
 
 # 1. Calls reach the shim and then the real runtime; the configuration is read.
@@ -89,12 +92,11 @@ objdump -T "$LIB" | awk '$NF == "cudaMalloc"' >"$tmp/cm_version"
 expect "exports carry no version node" "$tmp/cm_version" ' Base +cudaMalloc$'
 
 # 6. flexshim-profile config.
-toolenv() { env $(env | sed -n 's/^\(FLEXTENSOR_[A-Za-z0-9_]*\)=.*/-u \1/p') FLEXTENSOR_CONFIG= "$@"; }
-(cd "$tmp" && toolenv "$TOOL" config --check) >"$tmp/chk_ok" 2>&1 && ok "config --check passes a clean setup" || fail "config --check passes a clean setup" "$(cat "$tmp/chk_ok")"
-(cd "$tmp" && toolenv FLEXTENSOR_STRATEGY=fast "$TOOL" config --check) >"$tmp/chk_bad" 2>&1; rc=$?
+(cd "$tmp" && clean_env "$TOOL" config --check) >"$tmp/chk_ok" 2>&1 && ok "config --check passes a clean setup" || fail "config --check passes a clean setup" "$(cat "$tmp/chk_ok")"
+(cd "$tmp" && clean_env FLEXTENSOR_STRATEGY=fast "$TOOL" config --check) >"$tmp/chk_bad" 2>&1; rc=$?
 [ $rc = 1 ] && ok "config --check exits 1 on a bad value" || fail "config --check exits 1 on a bad value" "exit $rc"
 expect "config --check prints the same message" "$tmp/chk_bad" 'FLEXTENSOR_STRATEGY=fast: unknown choice; use one of adaptive, knapsack, greedy, global'
-(cd "$tmp" && toolenv FLEXTENSOR_CONFIG="$tmp/f.ini" FLEXTENSOR_GPU_MEMORY_LIMIT=60% "$TOOL" config --dump) >"$tmp/dump" 2>&1
+(cd "$tmp" && clean_env FLEXTENSOR_CONFIG="$tmp/f.ini" FLEXTENSOR_GPU_MEMORY_LIMIT=60% "$TOOL" config --dump) >"$tmp/dump" 2>&1
 expect "dump shows env values and source" "$tmp/dump" '^FLEXTENSOR_GPU_MEMORY_LIMIT +60% +env'
 expect "dump shows INI values with file and line" "$tmp/dump" "^FLEXTENSOR_LOG_LEVEL +info +ini .*f.ini:2"
 expect "dump shows defaults" "$tmp/dump" '^FLEXTENSOR_STRATEGY +adaptive +default'
@@ -122,8 +124,8 @@ if ${CC:-cc} -std=c11 -fPIC -shared -I"$inc" -o "$tmp/libcuda.so.1" tests/tools/
    ${CC:-cc} -std=c11 -fPIC -shared -DNEXT_VALUE=2 -o "$tmp/libnext2.so" tests/preload/next_lib.c -ldl >>"$tmp/o" 2>&1 &&
    ${CC:-cc} -std=c11 -fPIC -shared -DNEXT_VALUE=3 -o "$tmp/libnext3.so" tests/preload/next_lib.c -ldl >>"$tmp/o" 2>&1; then
     for hook in cupti entry; do
-        (cd "$tmp" && env $(env | sed -n 's/^\(FLEXTENSOR_[A-Za-z0-9_]*\)=.*/-u \1/p') LD_PRELOAD="$PRELOAD" \
-            FLEXTENSOR_CONFIG= FLEXTENSOR_LAUNCH_HOOK=$hook ./entry_prog "$tmp/libcuda.so.1") >"$tmp/entry_$hook" 2>&1
+        (cd "$tmp" && clean_env LD_PRELOAD="$PRELOAD" FLEXTENSOR_LAUNCH_HOOK=$hook \
+            ./entry_prog "$tmp/libcuda.so.1") >"$tmp/entry_$hook" 2>&1
         expect "LAUNCH_HOOK=$hook: every launch reaches the driver's function asked for, with its result" "$tmp/entry_$hook" \
             '^driver calls: 6 5 7 0; results as the driver gave them$'
     done
@@ -148,9 +150,9 @@ fi
 if [ -f "$tmp/libcuda.so.1" ]; then
     sed "s|\"program\": \"[^\"]*\"|\"program\": \"$PROG\"|" tests/data/small.json >"$tmp/early.json"
     for budget in 100% 64MiB; do
-        (cd "$tmp" && env -u CUDA_VISIBLE_DEVICES $(env | sed -n 's/^\(FLEXTENSOR_[A-Za-z0-9_]*\)=.*/-u \1/p') \
-            LD_PRELOAD="$PRELOAD" LD_LIBRARY_PATH="$tmp" FLEXTENSOR_CONFIG= FLEXTENSOR_PROFILE="$tmp/early.json" \
-            FLEXTENSOR_GPU_MEMORY_LIMIT=$budget FLEXTENSOR_MIN_OFFLOAD_BYTES=64TiB "$PROG") >"$tmp/early_$budget" 2>&1
+        (unset CUDA_VISIBLE_DEVICES && run_prog "$tmp/early_$budget" LD_LIBRARY_PATH="$tmp" \
+            FLEXTENSOR_PROFILE="$tmp/early.json" FLEXTENSOR_GPU_MEMORY_LIMIT=$budget \
+            FLEXTENSOR_MIN_OFFLOAD_BYTES=64TiB)
         expect "early start at $budget: the program runs" "$tmp/early_$budget" '^runtime saw 4 mallocs, 4 frees$'
     done
     expect_not "early start, a plan that moves nothing: the driver is not loaded" "$tmp/early_100%" 'has no cuInit'
