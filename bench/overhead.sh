@@ -42,7 +42,9 @@
 # fingerprint (decode: the tokens, prefill: the logits; every run must give the same, else the
 # exit status is 1), then the median of each side's medians and its ratio to noshim's, each
 # side's median start-up, and each side's steps pooled over its runs (bench/pooled_steps.py,
-# lines starting "pooled:"); the results (bench.py JSON) and the shim's logs stay in OUT.
+# lines starting "pooled:"; with --cpu-probe also "pooled: quiet:", the steps taken while the host
+# ran at full speed, which a noisy host still has); the results (bench.py JSON) and the shim's
+# logs stay in OUT.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 : "${PROFILE:?PROFILE=a profile of the workload}" "${OUT:?OUT=a directory}"

@@ -384,6 +384,7 @@ expect "overhead.sh --cpu-probe: the host's counters per side" "$tmp/o" '^the ho
 expect "overhead.sh --cpu-probe: the queueing thread's instructions per side" "$tmp/o" '^the queueing thread.s M instructions \(user\) a step \(median over runs\): noshim 101\.16; shim 103\.05 \(1\.019\)$'
 expect "overhead.sh --cpu-probe: its migrations" "$tmp/o" '^the queueing thread.s CPU migrations a step \(median over runs\): noshim 0\.00; shim 0\.00$'
 expect_not "overhead.sh --cpu-probe: no line for a counter no run has" "$tmp/o" 'M cycles'
+expect "overhead.sh --cpu-probe: the quiet steps beside noshim's" "$tmp/o" '^pooled: quiet: shim +[0-9]+ of [0-9]+ steps with both CPU probes within 5% .*p50 [0-9.]+ \([0-9.]+\)$'
 FAKE=1 ROTATE=1 PROFILE="$tmp/prof.json" OUT="$tmp/ovr" ROUNDS=1 SIDES="noshim pipeline" bash bench/overhead.sh >"$tmp/o" 2>&1; rc=$?
 expect_rc "overhead.sh ROTATE=1 with pipeline: refused" 2 $rc "$tmp/o"
 expect "overhead.sh ROTATE=1 with pipeline: says why" "$tmp/o" 'ROTATE=1 with side pipeline: .*leave ROTATE out'
@@ -416,6 +417,28 @@ expect_rc "pooled_steps.py: a half-written result is skipped" 0 $rc "$tmp/o"
 expect "pooled_steps.py: and named" "$tmp/o" 'shim-9.json: skipped, not a bench.py result'
 expect "pooled_steps.py: the other runs still count" "$tmp/o" '^shim +56 steps: pooled p5'
 rm -f "$tmp/ovh/shim-9.json"
+# --cpu-probe runs: the "quiet:" lines keep the steps whose probes before and after are near the
+# host's fastest. Made up: noshim's steps 10 ms where the probe is 1 ms and 20 where it is 2; the
+# shim's 11 and 22, most of them in the slow stretch. All steps pooled: p50 2.2 x; quiet: 1.1 x.
+mkdir -p "$tmp/ovq"
+printf '{"warmup_steps": 1, "step_ms": [9, 10, 10, 10, 20, 20], "cpu_probe_ms": [1, 1, 1, 1, 2, 2]}' >"$tmp/ovq/noshim-1.json"
+printf '{"warmup_steps": 1, "step_ms": [9, 11, 11, 11, 22, 22, 22, 22], "cpu_probe_ms": [1, 1, 1, 1, 2, 2, 2, 2]}' >"$tmp/ovq/shim-1.json"
+printf '{"warmup_steps": 1, "step_ms": [9, 11, 11, 22], "cpu_probe_ms": [1, 1, 2, 2]}' >"$tmp/ovq/few-1.json"
+python3 bench/pooled_steps.py "$tmp/ovq" >"$tmp/o" 2>&1; rc=$?
+expect_rc "pooled_steps.py --cpu-probe runs: exits 0" 0 $rc "$tmp/o"
+expect "pooled_steps.py: all steps pooled, the shim 2.2 x at p50" "$tmp/o" '^shim +7 steps: .* p50 22\.00 \(2\.200\)'
+expect "pooled_steps.py: noshim's quiet steps" "$tmp/o" '^quiet: noshim +3 of 5 steps with both CPU probes within 5% of the host.s fastest \(<= 1\.050 ms\): p10 10\.00 \(1\.000\), p50 10\.00 \(1\.000\)$'
+expect "pooled_steps.py: the shim's quiet steps, 1.1 x" "$tmp/o" '^quiet: shim +3 of 7 steps .*: p10 11\.00 \(1\.100\), p50 11\.00 \(1\.100\)$'
+expect "pooled_steps.py: a side with too few quiet steps" "$tmp/o" '^quiet: few +1 of 3 steps .*: too few$'
+python3 bench/pooled_steps.py "$tmp/ovq" --quiet 150 >"$tmp/o" 2>&1; rc=$?
+expect_rc "pooled_steps.py --quiet 150: refused" 1 $rc "$tmp/o"
+expect "pooled_steps.py --quiet 150: says what it takes" "$tmp/o" '^pooled_steps.py: --quiet PCT: a percent from 0 to 100'
+printf '{"warmup_steps": 1, "step_ms": [9, 30, 30, 30, 30], "cpu_probe_ms": [2, 2, 2, 2, 2]}' >"$tmp/ovq/noshim-1.json"
+python3 bench/pooled_steps.py "$tmp/ovq" >"$tmp/o" 2>&1; rc=$?
+expect_rc "pooled_steps.py: no quiet noshim step still exits 0" 0 $rc "$tmp/o"
+expect "pooled_steps.py: and says noshim has too few quiet steps" "$tmp/o" '^quiet: noshim has 0 steps .*: too few to compare against$'
+python3 bench/pooled_steps.py "$tmp/ovh" >"$tmp/o" 2>&1
+expect_not "pooled_steps.py without --cpu-probe: no quiet lines" "$tmp/o" '^quiet:'
 python3 bench/pooled_steps.py "$tmp/no-such-dir" >"$tmp/o" 2>&1; rc=$?
 expect_rc "pooled_steps.py: no such directory" 1 $rc "$tmp/o"
 FAKE=1 PROFILE="$tmp/prof.json" OUT="$tmp/ovh" ROUNDS=1 SIDES="noshim alt1" ALT_LIBS=/x.so bash bench/overhead.sh >"$tmp/o" 2>&1; rc=$?
