@@ -920,6 +920,11 @@ static void stop_and_log_plan(const struct fs_engine_stats *s)
             (unsigned long long)x.dropped, (unsigned long long)x.give_ups,
             (unsigned long long)x.overlapped, (unsigned long long)x.max_inflight,
             (unsigned long long)x.passed, (unsigned long long)x.restaged);
+    if (x.idle_measured + x.idle_missed > 0)
+        FS_INFO("plan: the launches' streams had run out of work for %.1f ms of those waits "
+                "(%llu waits measured, %llu not; measured only with the run trace on)",
+                (double)x.idle_ns / 1e6, (unsigned long long)x.idle_measured,
+                (unsigned long long)x.idle_missed);
 }
 
 /* A file setting (TIMING_REPORT, TRACE_OUT) whose file could not be written (errno says why). */

@@ -478,6 +478,103 @@ static void slots_destroy(struct fs_executor *x)
     x->nslots = 0;
 }
 
+/* ---- the stream's idle time (run trace only) -------------------------------------------------
+ * A late wait costs the program only where the launch's stream runs out of work meanwhile (the
+ * thread usually runs ahead of the device). A timing event recorded on that stream as the wait
+ * begins completes when the work queued before it ends; one recorded as the wait ends completes
+ * at once if the stream is dry by then. The time between the two is the stream's idle time in
+ * the wait (0 when its work outlasted the wait). They are read later, once both completed, on a
+ * launch's late wait or when the counters are read; the idle time is written as a "stream idle"
+ * span ending where the wait ended. Two event records per late wait, only with the trace on. */
+
+static void idle_probes_setup(struct fs_executor *x)
+{
+    x->idle_setup = true;
+    struct fs_device *dev = x->res->dev;
+    for (; x->nidle < FS_EXEC_IDLE_PROBES; x->nidle++) {
+        struct fs_exec_idle_probe *p = &x->idle[x->nidle];
+        if (fs_dev_call(dev, event_create, FS_EVENT_TIMING, &p->before) != FS_OK)
+            break;
+        if (fs_dev_call(dev, event_create, FS_EVENT_TIMING, &p->after) != FS_OK) {
+            fs_dev_call(dev, event_destroy, p->before);
+            break;
+        }
+    }
+}
+
+static void idle_probes_destroy(struct fs_executor *x)
+{
+    for (int i = 0; i < x->nidle; i++) {
+        fs_dev_call(x->res->dev, event_destroy, x->idle[i].before);
+        fs_dev_call(x->res->dev, event_destroy, x->idle[i].after);
+    }
+    x->nidle = 0;
+}
+
+/* Read the probes whose events have completed (lock held). */
+static void idle_probes_collect(struct fs_executor *x)
+{
+    for (int i = 0; i < x->nidle && x->idle_pending > 0; i++) {
+        struct fs_exec_idle_probe *p = &x->idle[i];
+        float ms = 0.0f;
+        if (!p->pending)
+            continue;
+        int rc = fs_dev_call(x->res->dev, event_elapsed_ms, p->before, p->after, &ms);
+        if (rc == FS_ERR_NOT_READY)
+            continue;
+        p->pending = false;
+        x->idle_pending--;
+        if (rc != FS_OK) {
+            x->stats.idle_missed++;
+            continue;
+        }
+        /* GPU and host clocks differ a little: never more than the wait itself */
+        uint64_t ns = ms > 0.0f ? (uint64_t)((double)ms * 1e6) : 0;
+        if (ns > p->t1 - p->t0)
+            ns = p->t1 - p->t0;
+        x->stats.idle_measured++;
+        x->stats.idle_ns += ns;
+        if (ns > 0)
+            fs_rt_span(FS_RT_STREAM_IDLE, p->id, p->bytes, p->t1 - ns, p->t1);
+    }
+}
+
+/* A free probe with its first event recorded on STREAM, or NULL (trace off, none free, a graph
+ * capture, a failed record: counted as missed). Lock held. */
+static struct fs_exec_idle_probe *idle_probe_begin(struct fs_executor *x, fs_stream stream)
+{
+    if (!fs_rt_on())
+        return NULL;
+    if (!x->idle_setup)
+        idle_probes_setup(x);
+    idle_probes_collect(x);
+    for (int i = 0; i < x->nidle; i++) {
+        struct fs_exec_idle_probe *p = &x->idle[i];
+        if (p->pending)
+            continue;
+        if (capture_in_progress(x) ||
+            fs_dev_call(x->res->dev, event_record, p->before, stream) != FS_OK)
+            break;
+        return p;
+    }
+    x->stats.idle_missed++;
+    return NULL;
+}
+
+static void idle_probe_end(struct fs_executor *x, struct fs_exec_idle_probe *p, fs_stream stream,
+                           const struct fs_alloc *a, uint64_t t0, uint64_t t1)
+{
+    if (!p)
+        return;
+    if (fs_dev_call(x->res->dev, event_record, p->after, stream) != FS_OK) {
+        x->stats.idle_missed++;
+        return;
+    }
+    *p = (struct fs_exec_idle_probe){.before = p->before, .after = p->after, .id = a->id,
+                                     .bytes = a->mapped, .t0 = t0, .t1 = t1, .pending = true};
+    x->idle_pending++;
+}
+
 int fs_exec_init(struct fs_executor *x, struct fs_residency *res)
 {
     memset(x, 0, sizeof(*x));
@@ -564,6 +661,7 @@ void fs_exec_destroy(struct fs_executor *x)
     fs_exec_shutdown(x);
     free_plan(x);
     slots_destroy(x);
+    idle_probes_destroy(x);
     for (int i = 0; i < FS_EXEC_FINISHERS; i++)
         pthread_cond_destroy(&x->fin[i].wake);
     pthread_cond_destroy(&x->done);
@@ -982,6 +1080,7 @@ void fs_exec_launch_enter(struct fs_executor *x, struct fs_launch_ticket *t)
             x->stats.restaged++;
         }
         uint64_t t0 = fs_now_ns();
+        struct fs_exec_idle_probe *probe = idle_probe_begin(x, t->stream);
         /* The plan may be replaced while this waits: check the bound again each time. */
         while (fs_exec_running(x) && a->id < (uint64_t)x->prof.nallocs &&
                x->pf[a->id].pending > 0 && !fs_res_on_device(a))
@@ -989,6 +1088,7 @@ void fs_exec_launch_enter(struct fs_executor *x, struct fs_launch_ticket *t)
         uint64_t t1 = fs_now_ns();
         x->stats.late_wait_ns += t1 - t0;
         fs_rt_span(FS_RT_LATE_WAIT, a->id, a->mapped, t0, t1);
+        idle_probe_end(x, probe, t->stream, a, t0, t1);
         if (!fs_exec_running(x))
             break;
     }
@@ -1039,6 +1139,7 @@ uint64_t fs_exec_iterations(struct fs_executor *x)
 void fs_exec_get_stats(struct fs_executor *x, struct fs_exec_stats *out)
 {
     pthread_mutex_lock(&x->lock);
+    idle_probes_collect(x);
     *out = x->stats;
     pthread_mutex_unlock(&x->lock);
 }

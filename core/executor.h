@@ -68,6 +68,9 @@ struct fs_exec_stats {
                                 * nor arriving (residency.h) when the launch was about to be
                                 * queued (the thread waited) */
     uint64_t late_wait_ns;     /* time the launching threads spent waiting for late prefetches */
+    /* Run trace only (executor.c, "the stream's idle time"): of those waits, the time the
+     * launch's stream had run out of work; waits measured, and waits that could not be */
+    uint64_t idle_ns, idle_measured, idle_missed;
     uint64_t unplanned;        /* references to allocations the plan had on host there */
     uint64_t evict_busy;       /* evictions skipped: a launch held the allocation */
     uint64_t read_in_place;    /* prefetches dropped: a late reference read it from host */
@@ -80,6 +83,16 @@ struct fs_exec_stats {
                                 * on host with none pending (made after its prefetch point, or
                                 * pushed out for room) */
     uint64_t give_ups;
+};
+
+/* With the run trace on: a pair of timing events on a launch's stream around one late wait
+ * (executor.c, "the stream's idle time"), read once both have completed. */
+#define FS_EXEC_IDLE_PROBES 128
+struct fs_exec_idle_probe {
+    fs_event before, after;
+    uint64_t id, bytes; /* the allocation waited for */
+    uint64_t t0, t1;    /* when the wait began and ended (fs_now_ns) */
+    bool pending;       /* recorded, not yet read */
 };
 
 struct fs_exec_job {
@@ -174,6 +187,10 @@ struct fs_executor {
     uint64_t iterations;     /* times the program reached the iteration's first launch */
     int mode;                /* enum fs_offload_mode (fs_exec_set_offload_mode) */
     bool late_in_place;      /* LATE_PREFETCH=read_in_place (fs_exec_set_offload_mode) */
+    struct fs_exec_idle_probe idle[FS_EXEC_IDLE_PROBES];
+    int nidle;               /* probes with their events (made at the first late wait traced) */
+    bool idle_setup;         /* their making was tried */
+    int idle_pending;
     struct fs_exec_stats stats;
 };
 

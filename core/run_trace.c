@@ -37,6 +37,7 @@ static const struct {
     [FS_RT_EVICT] = {"eviction", "move"},
     [FS_RT_ITERATION] = {"iteration", "step"},
     [FS_RT_HOST_READ] = {"host read", "host"},
+    [FS_RT_STREAM_IDLE] = {"stream idle", "wait"},
 };
 
 static const char *const lane_names[FS_RT_SLOTS] = {

@@ -40,6 +40,8 @@ enum fs_rt_kind {
     FS_RT_HOST_READ,     /* a launch was queued reading ID in host memory (no room, a capture, the
                           * plan's read in place, or its copy not begun): its kernel reads it over
                           * the link (a span of no length) */
+    FS_RT_STREAM_IDLE,   /* the launch's stream had run out of work while the program waited
+                          * for ID: the GPU time from its last work's end to the wait's end */
     FS_RT_KINDS
 };
 

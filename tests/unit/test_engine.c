@@ -1266,6 +1266,56 @@ static void test_redirect_late_reads_in_place(void **state)
     unlink(path);
 }
 
+/* With the run trace on, each late wait is measured for the time the launch's stream ran out of
+ * work meanwhile: every wait is measured (or counted as not), the exit log says how much, and
+ * the trace draws a "stream idle" span for each wait that had some. The simulated device's
+ * program clock stands still while the program's thread waits for the mover (the replay moves it
+ * only after the wait, fs_sim_join_engine_clock), and the program queues nothing meanwhile, so
+ * here its stream is never idle in a wait: no time, no span. Non-zero idle is for the GPU. */
+static void test_run_trace_stream_idle(void **state)
+{
+    (void)state;
+    char path[64], trace[96], env[192];
+    fresh_path(path, sizeof(path));
+    record_profile(path, "FLEXTENSOR_GPU_MEMORY_LIMIT=64MiB");
+    snprintf(trace, sizeof(trace), "%s.trace.json", path);
+    snprintf(env, sizeof(env),
+             "FLEXTENSOR_OFFLOAD_MODE=redirect FLEXTENSOR_LOG_LEVEL=info FLEXTENSOR_TRACE_OUT=%s",
+             trace);
+    uint64_t w[L], act;
+    struct fs_device *dev = start_from_profile(path, env, w, &act);
+    assert_int_equal(run_program(dev, w, L, act, 12), 0);
+    struct fs_engine_stats st;
+    fs_engine_get_stats(&st);
+    struct fs_test_capture cap;
+    fs_test_capture_start(&cap);
+    fs_engine_shutdown();
+    const char *log = fs_test_capture_end(&cap);
+    stop(dev);
+    assert_true(st.exec.late > 0 && st.exec.late_wait_ns > 0);
+    assert_int_equal(st.exec.idle_measured + st.exec.idle_missed, st.exec.late);
+    assert_true(st.exec.idle_measured >= st.exec.late / 2);
+    assert_int_equal(st.exec.idle_ns, 0);
+    char want[160];
+    snprintf(want, sizeof(want),
+             "plan: the launches' streams had run out of work for 0.0 ms of those waits (%llu "
+             "waits measured, %llu not;",
+             (unsigned long long)st.exec.idle_measured, (unsigned long long)st.exec.idle_missed);
+    assert_non_null(strstr(log, want));
+
+    json_error_t err;
+    json_t *root = json_load_file(trace, 0, &err);
+    assert_non_null(root);
+    json_t *events = json_object_get(root, "traceEvents");
+    enum { MAX = 4096 };
+    static double spans[MAX][3];
+    assert_int_equal(trace_spans(events, "late wait", spans, MAX), st.exec.late);
+    assert_int_equal(trace_spans(events, "stream idle", spans, MAX), 0);
+    json_decref(root);
+    unlink(trace);
+    unlink(path);
+}
+
 /* TIMING_REPORT: at exit a file with every remap kind (calls matching the counters), the moves and
  * the plan's waits; '-' writes the same lines to the log; an unwritable path is one warning that
  * names the setting. */
@@ -1746,6 +1796,7 @@ int main(void)
         cmocka_unit_test(test_profiling_begins_under_capture),
         cmocka_unit_test(test_redirect_mode),
         cmocka_unit_test(test_redirect_late_reads_in_place),
+        cmocka_unit_test(test_run_trace_stream_idle),
         cmocka_unit_test(test_timing_report),
         cmocka_unit_test(test_plan_tolerates_an_extra_launch),
         cmocka_unit_test(test_plan_given_up_and_made_again),
