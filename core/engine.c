@@ -550,9 +550,8 @@ static void *early_start_main(void *arg)
     if (fs_profile_load(fs_config_str(cfg, FS_P_PROFILE), &p, err, sizeof(err)) != FS_OK)
         return NULL; /* said when the engine starts and loads it */
     /* The device check last: it loads and initialises the driver on this thread, before the
-     * program's main(), which a plan that moves nothing never needs. It is the suspect for the
-     * paused engine's 4-9% at decode 100% (docs/PERFORMANCE.md, stop 38: not yet confirmed on a
-     * GPU). */
+     * program's main(), which a plan that moves nothing never needs. (It was not the paused
+     * engine's 4-9% at decode 100%: docs/PERFORMANCE.md, stop 39.) */
     if (fs_rec_is_this_program(p.program) && !moves_nothing_here(cfg, &p) &&
         (eng.dev_injected || cfg->v[FS_P_DEVICE].src != FS_SRC_DEFAULT || one_device_visible())) {
         __atomic_store_n(&eng.early_began, true, __ATOMIC_RELEASE);

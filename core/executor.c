@@ -514,16 +514,16 @@ static void idle_probes_destroy(struct fs_executor *x)
 /* Read the probes whose events have completed (lock held). */
 static void idle_probes_collect(struct fs_executor *x)
 {
-    for (int i = 0; i < x->nidle && x->idle_pending > 0; i++) {
+    for (int i = 0; i < x->nidle && x->idle_recorded > 0; i++) {
         struct fs_exec_idle_probe *p = &x->idle[i];
         float ms = 0.0f;
-        if (!p->pending)
+        if (p->state != FS_IDLE_RECORDED)
             continue;
         int rc = fs_dev_call(x->res->dev, event_elapsed_ms, p->before, p->after, &ms);
         if (rc == FS_ERR_NOT_READY)
             continue;
-        p->pending = false;
-        x->idle_pending--;
+        p->state = FS_IDLE_FREE;
+        x->idle_recorded--;
         if (rc != FS_OK) {
             x->stats.idle_missed++;
             continue;
@@ -550,11 +550,12 @@ static struct fs_exec_idle_probe *idle_probe_begin(struct fs_executor *x, fs_str
     idle_probes_collect(x);
     for (int i = 0; i < x->nidle; i++) {
         struct fs_exec_idle_probe *p = &x->idle[i];
-        if (p->pending)
+        if (p->state != FS_IDLE_FREE)
             continue;
         if (capture_in_progress(x) ||
             fs_dev_call(x->res->dev, event_record, p->before, stream) != FS_OK)
             break;
+        p->state = FS_IDLE_WAITING;
         return p;
     }
     x->stats.idle_missed++;
@@ -567,12 +568,14 @@ static void idle_probe_end(struct fs_executor *x, struct fs_exec_idle_probe *p, 
     if (!p)
         return;
     if (fs_dev_call(x->res->dev, event_record, p->after, stream) != FS_OK) {
+        p->state = FS_IDLE_FREE;
         x->stats.idle_missed++;
         return;
     }
     *p = (struct fs_exec_idle_probe){.before = p->before, .after = p->after, .id = a->id,
-                                     .bytes = a->mapped, .t0 = t0, .t1 = t1, .pending = true};
-    x->idle_pending++;
+                                     .bytes = a->mapped, .t0 = t0, .t1 = t1,
+                                     .state = FS_IDLE_RECORDED};
+    x->idle_recorded++;
 }
 
 int fs_exec_init(struct fs_executor *x, struct fs_residency *res)

@@ -92,7 +92,9 @@ struct fs_exec_idle_probe {
     fs_event before, after;
     uint64_t id, bytes; /* the allocation waited for */
     uint64_t t0, t1;    /* when the wait began and ended (fs_now_ns) */
-    bool pending;       /* recorded, not yet read */
+    /* FREE; WAITING: taken by a thread in its wait (the lock is let go meanwhile, and another
+     * thread's wait must not take it); RECORDED: both events recorded, not yet read */
+    enum { FS_IDLE_FREE, FS_IDLE_WAITING, FS_IDLE_RECORDED } state;
 };
 
 struct fs_exec_job {
@@ -190,7 +192,7 @@ struct fs_executor {
     struct fs_exec_idle_probe idle[FS_EXEC_IDLE_PROBES];
     int nidle;               /* probes with their events (made at the first late wait traced) */
     bool idle_setup;         /* their making was tried */
-    int idle_pending;
+    int idle_recorded;       /* probes RECORDED */
     struct fs_exec_stats stats;
 };
 

@@ -144,7 +144,8 @@ fi
 
 # 8. The early start (PROFILE of this program, PIN_MODE=background) asks for the device only once
 # its plan moves something: asking loads the driver on the early thread, before main(), which a
-# plan that moves nothing never needs (docs/PERFORMANCE.md, stop 38, on why it matters). The
+# plan that moves nothing never needs (docs/PERFORMANCE.md, stops 38-39: it was not decode's cost,
+# but a program that never calls CUDA should not have the driver loaded for it). The
 # stand-in driver of section 7, found first through LD_LIBRARY_PATH, lacks cuInit:
 # loading it says so. Nothing is managed (MIN_OFFLOAD_BYTES), so only the early thread can load it.
 if [ -f "$tmp/libcuda.so.1" ]; then
