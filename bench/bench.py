@@ -637,6 +637,34 @@ def cpu_probe(res):
     res.setdefault("cpu_probe_ms", []).append(round((time.perf_counter() - t0) * 1000, 3))
 
 
+HOST_CHECK_EVERY_S = 0.05  # about one probe per decode step, as --cpu-probe takes them
+
+
+def host_check(seconds, noisy_ratio, fake_probes=None):
+    """--host-check: the CPU probe every HOST_CHECK_EVERY_S for SECONDS, before an A/B is spent on
+    a host. Stop 39's hosts ran at 1.2-2.9 ms a probe within single runs (a quiet one at
+    1.37-1.41): there the per-run medians compare the host, not the sides. Prints one line;
+    returns 0 when p90 / p10 is at most NOISY_RATIO, 3 when not. FAKE_PROBES: made-up probe
+    times, cycled (tests)."""
+    res = {}
+    n = max(1, int(seconds / HOST_CHECK_EVERY_S))
+    for i in range(n):
+        if fake_probes:
+            res.setdefault("cpu_probe_ms", []).append(fake_probes[i % len(fake_probes)])
+            continue
+        cpu_probe(res)
+        time.sleep(HOST_CHECK_EVERY_S)
+    v = sorted(res["cpu_probe_ms"])
+    p10, p50, p90 = (v[min(len(v) - 1, int(q * len(v)))] for q in (0.1, 0.5, 0.9))
+    ratio = p90 / p10 if p10 > 0 else float("inf")
+    verdict = "quiet" if ratio <= noisy_ratio else "NOISY"
+    print(f"host check: {len(v)} CPU probes over {seconds:g} s: p10 {p10:.3f} ms, p50 {p50:.3f}, "
+          f"p90 {p90:.3f}; p90/p10 {ratio:.3f}: {verdict} (noisy above {noisy_ratio:g}"
+          + ("; read the A/B's quiet-step lines, not its medians)" if verdict == "NOISY" else ")"),
+          flush=True)
+    return 0 if verdict == "quiet" else 3
+
+
 class HostCounters:
     """--cpu-probe: what the host did beside the timed steps, a step (res["host_counters"]): the
     steal, IRQ and soft-IRQ time of the CPUs this process may run on (/proc/stat, 10 ms ticks;
@@ -1247,6 +1275,13 @@ def parse_args(argv):
                     "work (JSON key cpu_probe_ms): how fast the host ran beside each step; and "
                     "count the steal, IRQ time and interrupts of the CPUs the run may use over "
                     "the steps (host_counters, a step)")
+    ap.add_argument("--host-check", type=float, metavar="SECONDS",
+                    help="only time the CPU probe for SECONDS and say whether the host is quiet "
+                    "(exit 0) or noisy (exit 3): p90 over p10 of the probe above --host-noisy")
+    ap.add_argument("--host-noisy", type=float, default=1.10, metavar="RATIO",
+                    help="--host-check: the p90/p10 above which the host is called noisy")
+    ap.add_argument("--fake-probes", metavar="MS,...",
+                    help="--host-check with --fake: made-up probe times, cycled (tests)")
     ap.add_argument("--bw-bytes", type=int, default=GiB)
     ap.add_argument("--bw-reps", type=int, default=5)
     ap.add_argument("--print-budgets", metavar="PCTS", help="print PCT BYTES MIB lines and exit")
@@ -1259,6 +1294,19 @@ def parse_args(argv):
     ap.add_argument("--fake-sleep", type=float, default=0.0)
     ap.add_argument("--selftest", action="store_true")
     args = ap.parse_args(argv)
+    if args.host_check is not None:
+        if not 0 < args.host_check <= 600:
+            ap.error(f"--host-check {args.host_check:g}: seconds, more than 0 and at most 600")
+        if not args.host_noisy >= 1:
+            ap.error(f"--host-noisy {args.host_noisy:g}: a ratio of at least 1 (e.g. 1.10)")
+        try:
+            args.fake_probes = ([float(x) for x in args.fake_probes.split(",")]
+                                if args.fake and args.fake_probes else None)
+        except ValueError:
+            ap.error(f"--fake-probes {args.fake_probes}: milliseconds separated by commas")
+        if args.fake and not args.fake_probes:
+            args.fake_probes = [1.0]
+        return args
     if args.selftest or args.print_budgets:
         return args
     if not args.system or not args.result:
@@ -1282,6 +1330,13 @@ def main(argv=None):
     args = parse_args(sys.argv[1:] if argv is None else argv)
     if args.selftest:
         return selftest()
+    if args.host_check is not None:
+        try:
+            return host_check(args.host_check, args.host_noisy, args.fake_probes)
+        except ImportError as e:
+            print(f"bench.py --host-check: the CPU probe's work needs PyTorch ({e}); run it where "
+                  f"the benchmark runs, or with --fake", file=sys.stderr)
+            return 2
     if args.print_budgets:
         wb = weight_bytes(MODELS[args.model])
         for pct in parse_pcts(args.print_budgets):

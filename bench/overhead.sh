@@ -32,6 +32,8 @@
 # OUT/SIDE-ROUND.samples: `python3 bench/sample_report.py OUT` says where a side's extra time goes.
 # BENCH_ARGS: more bench.py options for every run, e.g. --layer-times (the first step by layer;
 # --layer-times all: every step).
+# HOST_CHECK=S: before the rounds, time the CPU probe alone for S seconds and say whether the host
+# is quiet (bench.py --host-check; on a noisy one read the "pooled: quiet:" lines).
 # PROFILE: a profile of the same model and workload (bench/run.sh leaves one in bench-logs.tar.gz).
 # FAKE=1: no GPU; bench.py makes numbers up and nothing is preloaded (tests this script).
 # TIME_LIMIT=S: the runs keep to S seconds: a run starts only while the longest run so far fits
@@ -132,8 +134,15 @@ if [ "${ROTATE:-0}" = 1 ] && [[ " ${sides[*]} " == *" pipeline "* ]]; then
     exit 2
 fi
 
-longest=0 cut=0 # the longest run so far (s); 1 once TIME_LIMIT stopped the runs
 SECONDS=0
+# HOST_CHECK=S: first the CPU probe alone for S seconds, on the runs' CPUs (bench.py --host-check):
+# one line saying whether the host is quiet; the rounds run either way (TIME_LIMIT counts it).
+if [ -n "${HOST_CHECK:-}" ]; then
+    rc=0
+    "${PIN[@]}" "$PY" bench/bench.py --host-check "$HOST_CHECK" "${ARGS[@]}" || rc=$?
+    [ $rc = 0 ] || [ $rc = 3 ] || { echo "overhead.sh: HOST_CHECK=$HOST_CHECK: the host check failed (exit $rc)" >&2; exit 2; }
+fi
+longest=0 cut=0 # the longest run so far (s); 1 once TIME_LIMIT stopped the runs
 for r in $(seq 1 "$ROUNDS"); do
     order=("${sides[@]}")
     if [ "${ROTATE:-0}" = 1 ]; then # round r starts at side r: each side runs after each other

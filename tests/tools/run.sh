@@ -397,6 +397,30 @@ expect "overhead.sh ITERS=4: each side's run and ratio" "$tmp/o" '^shim [0-9.]+ 
 expect_not "overhead.sh ITERS=4: no traceback" "$tmp/o" 'Traceback'
 expect "overhead.sh ITERS=4: pooled_steps.py says why it has nothing" "$tmp/o" 'no noshim-\*\.json with steps after the warm-up ones'
 
+# bench.py --host-check: the CPU probe alone, quiet (exit 0) or noisy (exit 3) by p90/p10 (made-up
+# probes under --fake); overhead.sh HOST_CHECK=S says it before the rounds, which run either way.
+python3 bench/bench.py --host-check 1 --fake >"$tmp/o" 2>&1; rc=$?
+expect_rc "bench.py --host-check on a steady host: exit 0" 0 $rc "$tmp/o"
+expect "bench.py --host-check: quiet" "$tmp/o" '^host check: 20 CPU probes over 1 s: p10 1\.000 ms, p50 1\.000, p90 1\.000; p90/p10 1\.000: quiet \(noisy above 1\.1\)$'
+python3 bench/bench.py --host-check 1 --fake --fake-probes 1,1,1,1,1,1,1,1,1.3,1.3 >"$tmp/o" 2>&1; rc=$?
+expect_rc "bench.py --host-check with probes 1.3 x in a fifth of them: exit 3" 3 $rc "$tmp/o"
+expect "bench.py --host-check: noisy, and what to read then" "$tmp/o" 'p90 1\.300; p90/p10 1\.300: NOISY \(noisy above 1\.1; read the A/B.s quiet-step lines'
+python3 bench/bench.py --host-check 1 --host-noisy 1.5 --fake --fake-probes 1,1,1,1,1,1,1,1,1.3,1.3 >"$tmp/o" 2>&1; rc=$?
+expect_rc "bench.py --host-check --host-noisy 1.5: the same probes are quiet" 0 $rc "$tmp/o"
+python3 bench/bench.py --host-check 0 --fake >"$tmp/o" 2>&1; rc=$?
+expect_rc "bench.py --host-check 0: refused" 2 $rc "$tmp/o"
+expect "bench.py --host-check 0: says what it takes" "$tmp/o" 'error: --host-check 0: seconds, more than 0 and at most 600'
+python3 bench/bench.py --host-check 1 --fake --fake-probes 1,x >"$tmp/o" 2>&1; rc=$?
+expect_rc "bench.py --fake-probes 1,x: refused" 2 $rc "$tmp/o"
+FAKE=1 HOST_CHECK=1 PROFILE="$tmp/prof.json" OUT="$tmp/ovc" ROUNDS=1 ITERS=6 SIDES="noshim shim" bash bench/overhead.sh >"$tmp/o" 2>&1; rc=$?
+expect_rc "overhead.sh HOST_CHECK=1 exits 0" 0 $rc "$tmp/o"
+head -1 "$tmp/o" >"$tmp/o2"
+expect "overhead.sh HOST_CHECK=1: the host check first" "$tmp/o2" '^host check: 20 CPU probes over 1 s: .*: quiet'
+expect "overhead.sh HOST_CHECK=1: then the rounds" "$tmp/o" '^round 1 shim +median step'
+FAKE=1 HOST_CHECK=soon PROFILE="$tmp/prof.json" OUT="$tmp/ovc" ROUNDS=1 ITERS=6 SIDES="noshim shim" bash bench/overhead.sh >"$tmp/o" 2>&1; rc=$?
+expect_rc "overhead.sh HOST_CHECK=soon: refused" 2 $rc "$tmp/o"
+expect "overhead.sh HOST_CHECK=soon: names the setting" "$tmp/o" 'overhead.sh: HOST_CHECK=soon: the host check failed \(exit 2\)'
+
 # SAMPLES=1: every run writes its samples (made up under FAKE: the shim's sides 1 ms more a step in
 # cuLaunchKernel), and bench/sample_report.py finds that millisecond in them.
 FAKE=1 SAMPLES=1 PROFILE="$tmp/prof.json" OUT="$tmp/ovs" ROUNDS=2 SIDES="noshim shim" bash bench/overhead.sh >"$tmp/o" 2>&1; rc=$?
