@@ -874,7 +874,8 @@ static void simulate_help(FILE *out)
           "                           columns stay those of the prefetch plan\n"
           "  --set KEY=VALUE,...      other settings of the replayed engine, by name without the\n"
           "                           FLEXTENSOR_ prefix (e.g. PLAN_HEADROOM=64MiB; see\n"
-          "                           'flexshim-profile config --dump')\n"
+          "                           'flexshim-profile config --dump'); not TRACE_OUT or\n"
+          "                           TIMING_REPORT: a replay writes neither\n"
           "\n"
           "One row per budget and strategy:\n"
           "  predicted ms   the step time of one iteration under the plan\n"
@@ -945,6 +946,12 @@ static int check_settings(const char *cmd, const char *text)
         if (id < 0)
             return usage_error(cmd, "--set: %s is not a flexshim setting; run 'flexshim-profile "
                                     "config --dump' for the list", kv);
+        /* Written when a program's engine shuts down at exit; a replay's engine is torn down
+         * instead, so they would be silently left out. */
+        if (id == FS_P_TRACE_OUT || id == FS_P_TIMING_REPORT)
+            return usage_error(cmd, "--set %s: a replay writes no run trace or timing report; "
+                                    "'flexshim-profile trace FILE -o OUT.json --replay N' draws "
+                                    "the replayed iteration", kv);
         struct fs_value v;
         char why[256];
         if (fs_config_parse((enum fs_param_id)id, eq + 1, &v, why, sizeof(why)) != FS_OK)

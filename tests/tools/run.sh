@@ -173,6 +173,11 @@ expect "simulate --set names the setting and the choices" "$tmp/e" "--set LATE_P
 run "$tmp/o" "$tmp/e" simulate "$SMALL" --budget 128MiB --replay 4 --set NO_SUCH=1
 expect_rc "simulate --set with an unknown setting exits 2" 2 $rc "$tmp/e"
 expect "simulate --set names the unknown setting" "$tmp/e" "--set: NO_SUCH is not a flexshim setting"
+run "$tmp/o" "$tmp/e" simulate "$SMALL" --budget 128MiB --replay 3 --set TRACE_OUT="$tmp/never.json"
+expect_rc "simulate --set TRACE_OUT: refused (a replay never writes it)" 2 "$rc" "$tmp/e"
+expect "simulate --set TRACE_OUT: says so and what draws a replay" "$tmp/e" "--set TRACE_OUT: a replay writes no run trace or timing report; 'flexshim-profile trace FILE -o OUT.json --replay N'"
+run "$tmp/o" "$tmp/e" trace "$SMALL" -o "$tmp/never.json" --budget 128MiB --replay 3 --set TIMING_REPORT=-
+expect_rc "trace --set TIMING_REPORT: refused too" 2 "$rc" "$tmp/e"
 run "$tmp/o" "$tmp/e" simulate "$SMALL" --budget 128MiB --set PLAN_HEADROOM=1MiB
 expect_rc "simulate --set without --replay exits 2" 2 $rc "$tmp/e"
 expect "simulate --set without --replay says why" "$tmp/e" "--set needs --replay N"
