@@ -654,8 +654,9 @@ def host_check(seconds, noisy_ratio, fake_probes=None):
             continue
         cpu_probe(res)
         time.sleep(HOST_CHECK_EVERY_S)
-    v = sorted(res["cpu_probe_ms"])
-    p10, p50, p90 = (v[min(len(v) - 1, int(q * len(v)))] for q in (0.1, 0.5, 0.9))
+    v = res["cpu_probe_ms"]
+    deciles = statistics.quantiles(v, n=10, method="inclusive") if len(v) > 1 else v * 9
+    p10, p50, p90 = deciles[0], deciles[4], deciles[8]
     ratio = p90 / p10 if p10 > 0 else float("inf")
     verdict = "quiet" if ratio <= noisy_ratio else "NOISY"
     print(f"host check: {len(v)} CPU probes over {seconds:g} s: p10 {p10:.3f} ms, p50 {p50:.3f}, "

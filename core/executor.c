@@ -514,7 +514,7 @@ static void idle_probes_destroy(struct fs_executor *x)
 /* Read the probes whose events have completed (lock held). */
 static void idle_probes_collect(struct fs_executor *x)
 {
-    for (int i = 0; i < x->nidle && x->idle_recorded > 0; i++) {
+    for (int i = 0; i < x->nidle; i++) {
         struct fs_exec_idle_probe *p = &x->idle[i];
         float ms = 0.0f;
         if (p->state != FS_IDLE_RECORDED)
@@ -523,7 +523,6 @@ static void idle_probes_collect(struct fs_executor *x)
         if (rc == FS_ERR_NOT_READY)
             continue;
         p->state = FS_IDLE_FREE;
-        x->idle_recorded--;
         if (rc != FS_OK) {
             x->stats.idle_missed++;
             continue;
@@ -572,10 +571,11 @@ static void idle_probe_end(struct fs_executor *x, struct fs_exec_idle_probe *p, 
         x->stats.idle_missed++;
         return;
     }
-    *p = (struct fs_exec_idle_probe){.before = p->before, .after = p->after, .id = a->id,
-                                     .bytes = a->mapped, .t0 = t0, .t1 = t1,
-                                     .state = FS_IDLE_RECORDED};
-    x->idle_recorded++;
+    p->id = a->id;
+    p->bytes = a->mapped;
+    p->t0 = t0;
+    p->t1 = t1;
+    p->state = FS_IDLE_RECORDED;
 }
 
 int fs_exec_init(struct fs_executor *x, struct fs_residency *res)

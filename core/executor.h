@@ -192,7 +192,6 @@ struct fs_executor {
     struct fs_exec_idle_probe idle[FS_EXEC_IDLE_PROBES];
     int nidle;               /* probes with their events (made at the first late wait traced) */
     bool idle_setup;         /* their making was tried */
-    int idle_recorded;       /* probes RECORDED */
     struct fs_exec_stats stats;
 };
 
