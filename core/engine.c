@@ -906,7 +906,8 @@ static void stop_and_log_plan(const struct fs_engine_stats *s)
             "%llu evictions skipped (in use), %llu failed moves, %llu dropped, %llu give-ups; "
             "%llu moves overlapped (at most %llu at once); %llu evictions begun ahead of a "
             "prefetch waiting for room; %llu prefetches queued by a launch that found none on "
-            "the way",
+            "the way; %llu evictions' host mappings moved ahead for a prefetch of theirs, %llu "
+            "put off for a prefetch's mapping",
             (unsigned long long)x.plans, (unsigned long long)x.synced,
             (unsigned long long)x.skipped, (unsigned long long)x.extra,
             (unsigned long long)x.departures, (unsigned long long)x.lost_launches,
@@ -918,7 +919,8 @@ static void stop_and_log_plan(const struct fs_engine_stats *s)
             (unsigned long long)x.move_failures,
             (unsigned long long)x.dropped, (unsigned long long)x.give_ups,
             (unsigned long long)x.overlapped, (unsigned long long)x.max_inflight,
-            (unsigned long long)x.passed, (unsigned long long)x.restaged);
+            (unsigned long long)x.passed, (unsigned long long)x.restaged,
+            (unsigned long long)x.host_maps_first, (unsigned long long)x.host_maps_put_off);
     if (x.idle_measured + x.idle_missed > 0)
         FS_INFO("plan: the launches' streams had run out of work for %.1f ms of those waits "
                 "(%llu waits measured, %llu not; measured only with the run trace on)",

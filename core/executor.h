@@ -82,6 +82,9 @@ struct fs_exec_stats {
     uint64_t restaged;         /* prefetches queued for a launch that found a planned allocation
                                 * on host with none pending (made after its prefetch point, or
                                 * pushed out for room) */
+    uint64_t host_maps_first;  /* released evictions' host mappings moved ahead of older ones:
+                                * a prefetch of the allocation waited for it */
+    uint64_t host_maps_put_off; /* times the host mapping waited for a begun prefetch's */
     uint64_t give_ups;
 };
 
@@ -178,6 +181,7 @@ struct fs_executor {
     /* released evictions, oldest first; only FIN_EVICT takes from or adds to it */
     struct fs_exec_released released[FS_EXEC_RELEASED_MAX];
     int released_head, released_len;
+    bool early_mapping;      /* FIN_MAP is remapping a begun prefetch (host mappings wait) */
     uint64_t completions;    /* moves ended or evictions' room freed so far; held_at: the count
                               * when HELD was held */
     uint64_t held_at;
@@ -194,6 +198,11 @@ struct fs_executor {
     bool idle_setup;         /* their making was tried */
     struct fs_exec_stats stats;
 };
+
+/* The eviction finisher's next host mapping: the oldest released eviction whose allocation a
+ * prefetch of the plan waits for is moved to the head of the released queue, unless the head's is
+ * waited for too (lock held). */
+void fs_exec_released_needed_first(struct fs_executor *x);
 
 /* Start the mover thread (no plan yet). */
 int fs_exec_init(struct fs_executor *x, struct fs_residency *res);
