@@ -346,7 +346,7 @@ static bool prefetch_pending(const struct fs_executor *x, uint64_t id)
 
 /* A prefetch of an allocation whose eviction waits in the released queue cannot begin before the
  * host mapping ends that eviction; behind other evictions' mappings (0.3-1.5 ms each on an H100)
- * it came 10-25 ms late at the start of each prefill step (stop 40, OFFLOAD_MODE=prefetch) while
+ * it came up to 25 ms late at the start of each prefill step (stop 40, OFFLOAD_MODE=prefetch) while
  * the program's stream ran dry. */
 void fs_exec_released_needed_first(struct fs_executor *x)
 {
@@ -374,12 +374,14 @@ void fs_exec_released_needed_first(struct fs_executor *x)
  * launch. Returns with nothing done when it waited. */
 static void map_released(struct fs_executor *x)
 {
-    if (x->early_mapping || x->fin[FIN_MAP].len > 0) {
+    fs_exec_released_needed_first(x);
+    /* A stage's end (redirect mode) maps nothing: it need not wait. */
+    if (!x->released[x->released_head].m.staged &&
+        (x->early_mapping || x->fin[FIN_MAP].len > 0)) {
         x->stats.host_maps_put_off++;
         pthread_cond_wait(&x->fin[FIN_EVICT].wake, &x->lock);
         return;
     }
-    fs_exec_released_needed_first(x);
     /* Left in the queue until it ends (only this thread takes from or adds to it), so that
      * idle() does not see the executor idle before then. */
     struct fs_exec_released r = x->released[x->released_head];

@@ -178,7 +178,8 @@ struct fs_executor {
     uint64_t pass_at;        /* COMPLETIONS when a passing eviction last had to wait: none
                               * passes again before a move ends */
     uint64_t held_ns;        /* when it was held (run trace) */
-    /* released evictions, oldest first; only FIN_EVICT takes from or adds to it */
+    /* released evictions, oldest first but for one a prefetch waits for, moved to the head
+     * (fs_exec_released_needed_first); only FIN_EVICT takes from or adds to it */
     struct fs_exec_released released[FS_EXEC_RELEASED_MAX];
     int released_head, released_len;
     bool early_mapping;      /* FIN_MAP is remapping a begun prefetch (host mappings wait) */
