@@ -483,7 +483,9 @@ static int quiesce_on(struct fs_residency *res, struct fs_alloc *a, fs_stream or
     /* The new epoch starts before the synchronize: a launch stamped with an older one was
      * queued before it began, so the synchronize covers it. */
     uint64_t next = __atomic_add_fetch(&res->epoch, 1, __ATOMIC_ACQ_REL);
+    uint64_t t0 = fs_now_ns();
     int rc = fs_dev_call(res->dev, ctx_sync);
+    fs_rt_span(FS_RT_SYNC, a->id, a->mapped, t0, fs_now_ns());
     if (rc == FS_OK && LOAD(&res->synced_epoch) < next)
         STORE(&res->synced_epoch, next);
     return rc;
@@ -1166,12 +1168,19 @@ uint64_t fs_res_launch_begin(struct fs_residency *res, struct fs_alloc *const *a
         if (LOAD(&a->state) == FS_RES_STAGED && fixed && !capturing)
             unstage_now(res, a);
         int role = plan_role(res, a);
+        bool faulted = false;
         if (LOAD(&a->state) == FS_RES_HOST && !capturing && role != FS_PLAN_HOST &&
-            role != FS_PLAN_STAGED && fault_in_locked(res, a, allocs, n, false) == FS_OK) {
-            STAT(res, faults, 1);
-            STAT(res, faulted_bytes, a->mapped);
-        } else if (LOAD(&a->state) == FS_RES_HOST ||
-                   (LOAD(&a->state) == FS_RES_STAGED && (fixed || capturing))) {
+            role != FS_PLAN_STAGED) {
+            uint64_t t0 = fs_now_ns();
+            faulted = fault_in_locked(res, a, allocs, n, false) == FS_OK;
+            if (faulted) {
+                STAT(res, faults, 1);
+                STAT(res, faulted_bytes, a->mapped);
+                fs_rt_span(FS_RT_FAULT_IN, a->id, a->mapped, t0, fs_now_ns());
+            }
+        }
+        if (!faulted && (LOAD(&a->state) == FS_RES_HOST ||
+                         (LOAD(&a->state) == FS_RES_STAGED && (fixed || capturing)))) {
             STAT(res, host_served, 1);
             a->fp_valid = false; /* the launch may write the host copy */
             uint64_t now = fs_now_ns();

@@ -38,6 +38,8 @@ static const struct {
     [FS_RT_ITERATION] = {"iteration", "step"},
     [FS_RT_HOST_READ] = {"host read", "host"},
     [FS_RT_STREAM_IDLE] = {"stream idle", "wait"},
+    [FS_RT_FAULT_IN] = {"fault-in", "move"},
+    [FS_RT_SYNC] = {"synchronize", "wait"},
 };
 
 static const char *const lane_names[FS_RT_SLOTS] = {

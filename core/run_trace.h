@@ -42,6 +42,9 @@ enum fs_rt_kind {
                           * the link (a span of no length) */
     FS_RT_STREAM_IDLE,   /* the launch's stream had run out of work while the program waited
                           * for ID: the GPU time from its last work's end to the wait's end */
+    FS_RT_FAULT_IN,      /* a launch brought ID onto the device itself (no plan had it there) */
+    FS_RT_SYNC,          /* the whole device synchronized before ID moved (strict mode, or no
+                          * last use known for it) */
     FS_RT_KINDS
 };
 

@@ -1049,6 +1049,10 @@ static void test_run_trace(void **state)
     assert_int_equal(trace_spans(events, "unmap host", spans, MAX),
                      st.res.remaps[FS_REMAP_UNMAP][FS_LOC_HOST]);
     assert_true(st.res.remaps[FS_REMAP_MAP][FS_LOC_HOST] >= ITERS / 2);
+    /* So is every fault-in and whole-device synchronize. */
+    assert_int_equal(trace_spans(events, "fault-in", spans, MAX), st.res.faults);
+    assert_int_equal(trace_spans(events, "synchronize", spans, MAX), st.res.quiesce_syncs);
+    assert_true(st.res.faults > 0 && st.res.quiesce_syncs > 0); /* the checks count something */
     assert_int_equal(trace_spans(events, "prefetch", spans, MAX), st.exec.overlapped - nev);
     assert_true(trace_spans(events, "begin prefetch", spans, MAX) >= ITERS);
     size_t iterations = 0, i;
