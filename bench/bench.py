@@ -646,15 +646,15 @@ def host_check(seconds, noisy_ratio, fake_probes=None):
     1.37-1.41): there the per-run medians compare the host, not the sides. Prints one line;
     returns 0 when p90 / p10 is at most NOISY_RATIO, 3 when not. FAKE_PROBES: made-up probe
     times, cycled (tests)."""
-    res = {}
     n = max(1, int(seconds / HOST_CHECK_EVERY_S))
-    for i in range(n):
-        if fake_probes:
-            res.setdefault("cpu_probe_ms", []).append(fake_probes[i % len(fake_probes)])
-            continue
-        cpu_probe(res)
-        time.sleep(HOST_CHECK_EVERY_S)
-    v = res["cpu_probe_ms"]
+    if fake_probes:
+        v = [fake_probes[i % len(fake_probes)] for i in range(n)]
+    else:
+        res = {}
+        for _ in range(n):
+            cpu_probe(res)
+            time.sleep(HOST_CHECK_EVERY_S)
+        v = res["cpu_probe_ms"]
     deciles = statistics.quantiles(v, n=10, method="inclusive") if len(v) > 1 else v * 9
     p10, p50, p90 = deciles[0], deciles[4], deciles[8]
     ratio = p90 / p10 if p10 > 0 else float("inf")

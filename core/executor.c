@@ -309,6 +309,12 @@ static void free_head_slot(struct fs_executor *x, struct fs_exec_finisher *f, in
     pthread_cond_signal(&x->wake);
 }
 
+/* The released queue's entry K places from its head (lock held). */
+static struct fs_exec_released *released_at(struct fs_executor *x, int k)
+{
+    return &x->released[(x->released_head + k) % FS_EXEC_RELEASED_MAX];
+}
+
 /* FIN_EVICT, first half: give back the device memory of the evictions whose copies are done, in
  * the order they began (WAIT: the oldest one's copy is waited for), and free their slots at once:
  * their host mapping (slow, serialized with every other remap in the driver) needs neither the
@@ -328,8 +334,7 @@ static void release_evictions(struct fs_executor *x, struct fs_exec_finisher *f,
             return; /* the later ones are behind it on the stream */
         wait = false;
         if (rc == FS_OK) {
-            struct fs_exec_released *r =
-                &x->released[(x->released_head + x->released_len) % FS_EXEC_RELEASED_MAX];
+            struct fs_exec_released *r = released_at(x, x->released_len);
             r->job = slot->job;
             r->m = slot->m;
             x->released_len++;
@@ -350,20 +355,18 @@ static bool prefetch_pending(const struct fs_executor *x, uint64_t id)
  * the program's stream ran dry. */
 void fs_exec_released_needed_first(struct fs_executor *x)
 {
-    for (int k = 1; k < x->released_len; k++) {
-        int i = (x->released_head + k) % FS_EXEC_RELEASED_MAX;
-        if (!prefetch_pending(x, x->released[i].job.id))
-            continue;
-        if (prefetch_pending(x, x->released[x->released_head].job.id))
-            return; /* the oldest is needed too */
-        struct fs_exec_released r = x->released[i];
-        for (int j = k; j > 0; j--)
-            x->released[(x->released_head + j) % FS_EXEC_RELEASED_MAX] =
-                x->released[(x->released_head + j - 1) % FS_EXEC_RELEASED_MAX];
-        x->released[x->released_head] = r;
-        x->stats.host_maps_first++;
+    if (x->released_len == 0 || prefetch_pending(x, released_at(x, 0)->job.id))
+        return; /* the oldest goes first anyway */
+    int k = 1;
+    while (k < x->released_len && !prefetch_pending(x, released_at(x, k)->job.id))
+        k++;
+    if (k == x->released_len)
         return;
-    }
+    struct fs_exec_released r = *released_at(x, k);
+    for (; k > 0; k--)
+        *released_at(x, k) = *released_at(x, k - 1);
+    *released_at(x, 0) = r;
+    x->stats.host_maps_first++;
 }
 
 /* FIN_EVICT, second half: map host memory at the VA of a released eviction (the oldest, or one a
@@ -376,7 +379,7 @@ static void map_released(struct fs_executor *x)
 {
     fs_exec_released_needed_first(x);
     /* A stage's end (redirect mode) maps nothing: it need not wait. */
-    if (!x->released[x->released_head].m.staged &&
+    if (!released_at(x, 0)->m.staged &&
         (x->early_mapping || x->fin[FIN_MAP].len > 0)) {
         x->stats.host_maps_put_off++;
         pthread_cond_wait(&x->fin[FIN_EVICT].wake, &x->lock);
@@ -384,7 +387,7 @@ static void map_released(struct fs_executor *x)
     }
     /* Left in the queue until it ends (only this thread takes from or adds to it), so that
      * idle() does not see the executor idle before then. */
-    struct fs_exec_released r = x->released[x->released_head];
+    struct fs_exec_released r = *released_at(x, 0);
     pthread_mutex_unlock(&x->lock);
     while (capture_in_progress(x))
         nanosleep(&(struct timespec){.tv_nsec = 1000000}, NULL);
