@@ -7,17 +7,22 @@
 // explanation the host-side traces cannot check: each remap changes the GPU's page tables, and
 // the kernels running meanwhile pay for it (TLB invalidations). This program measures that.
 //
-// usage: remap_stall [RANGES [MIB [SECONDS]]]   (defaults: 16 ranges of 64 MiB, 3 s a phase)
+// usage: remap_stall [RANGES [MIB [SECONDS [GROUP]]]]
+//        (defaults: 16 ranges of 64 MiB, 2 s a phase, groups of 4)
 // build: nvcc -O2 -arch=sm_90 -o remap_stall remap_stall.cu -lcuda
 //
 // A 1 GiB buffer, created and mapped with the virtual memory API as the shim maps managed
 // allocations, is read by a memory-bound kernel (a sum of every word: about 0.4 ms on an H100),
-// launched in batches of BATCH, each batch timed with events. Three phases of SECONDS each:
-// quiet, remapping (a second thread moves each of RANGES ranges of MIB through the default
-// mode's four remaps, one after another, as fast as the driver allows) and quiet again. Nothing
-// the kernel reads is remapped.
-// stdout, one line a phase: batches, median and p90 ms a launch, remaps and remaps a ms; then
-// the extra kernel time the remapping phase took over the quiet phases' median, per remap (us).
+// launched in batches of BATCH, each batch timed with events. Five phases of SECONDS each:
+// quiet; remapping, where a second thread moves the RANGES adjacent ranges of MIB, one after
+// another and as fast as the driver allows, through the default mode's cycle (unmap device, map
+// host, unmap host, map device; each map with its set-access call); quiet; remapping in groups of
+// GROUP adjacent ranges (one unmap and one set-access call over the group, a map call per range:
+// does batching the remaps, a lever issue 5 names, cost the GPU or the host less?); quiet.
+// Nothing the kernel reads is remapped.
+// stdout, one line a phase: batches, median and p90 ms a launch, range cycles and the host's ms
+// a cycle (the driver does one remap at a time); then, for each remapping phase, the extra kernel
+// time over the quiet phases' median launch, per range cycle (us).
 // Every CUDA call is checked; on an error it prints it and exits 1.
 #include <cuda.h>
 
@@ -86,10 +91,16 @@ static size_t round_up(size_t n, size_t g)
     return (n + g - 1) / g * g;
 }
 
-// Map HANDLE (SIZE bytes) at VA, readable and writable by the device.
-static void map_rw(CUdeviceptr va, size_t size, CUmemGenericAllocationHandle handle)
+struct ranges {
+    size_t n, size, group;
+    std::vector<CUdeviceptr> va;
+    std::vector<CUmemGenericAllocationHandle> on_dev, on_host;
+    volatile bool stop;
+    unsigned long long cycles; // ranges moved to host and back
+};
+
+static void set_rw(CUdeviceptr va, size_t size)
 {
-    CHECK(cuMemMap(va, size, 0, handle, 0));
     CUmemAccessDesc a = {};
     a.location.type = CU_MEM_LOCATION_TYPE_DEVICE;
     a.location.id = (int)dev;
@@ -97,33 +108,33 @@ static void map_rw(CUdeviceptr va, size_t size, CUmemGenericAllocationHandle han
     CHECK(cuMemSetAccess(va, size, &a, 1));
 }
 
-struct ranges {
-    size_t n, size;
-    std::vector<CUdeviceptr> va;
-    std::vector<CUmemGenericAllocationHandle> on_dev, on_host;
-    volatile bool stop;
-    unsigned long long remaps;
-};
+// Map the GROUP ranges from K at their addresses, backed by HANDLES, with one set-access call.
+static void map_group(ranges *r, size_t k, const std::vector<CUmemGenericAllocationHandle> &h)
+{
+    for (size_t j = k; j < k + r->group; j++)
+        CHECK(cuMemMap(r->va[j], r->size, 0, h[j], 0));
+    set_rw(r->va[k], r->group * r->size);
+}
 
-// The default mode's cycle, range after range: evict (unmap device, map host), then prefetch
+// The default mode's cycle, group after group: evict (unmap device, map host), then prefetch
 // (unmap host, map device). The copies are left out: only the remaps are measured.
 static void *remap_loop(void *arg)
 {
     ranges *r = (ranges *)arg;
     CHECK(cuCtxSetCurrent(ctx));
-    for (size_t k = 0; !r->stop; k = (k + 1) % r->n) {
-        CHECK(cuMemUnmap(r->va[k], r->size));
-        map_rw(r->va[k], r->size, r->on_host[k]);
-        CHECK(cuMemUnmap(r->va[k], r->size));
-        map_rw(r->va[k], r->size, r->on_dev[k]);
-        __atomic_add_fetch(&r->remaps, 4, __ATOMIC_RELAXED);
+    for (size_t k = 0; !r->stop; k = (k + r->group) % r->n) {
+        CHECK(cuMemUnmap(r->va[k], r->group * r->size));
+        map_group(r, k, r->on_host);
+        CHECK(cuMemUnmap(r->va[k], r->group * r->size));
+        map_group(r, k, r->on_dev);
+        __atomic_add_fetch(&r->cycles, r->group, __ATOMIC_RELAXED);
     }
     return NULL;
 }
 
 struct phase {
     std::vector<double> ms; // a launch, batch by batch
-    unsigned long long remaps;
+    unsigned long long cycles;
     double seconds;
 };
 
@@ -135,7 +146,7 @@ static phase run_phase(const char *name, double seconds, CUstream st, CUdevicept
     CHECK(cuEventCreate(&a, CU_EVENT_DEFAULT));
     CHECK(cuEventCreate(&b, CU_EVENT_DEFAULT));
     pthread_t t;
-    unsigned long long r0 = r ? __atomic_load_n(&r->remaps, __ATOMIC_RELAXED) : 0;
+    unsigned long long c0 = r ? __atomic_load_n(&r->cycles, __ATOMIC_RELAXED) : 0;
     if (r) {
         r->stop = false;
         if (pthread_create(&t, NULL, remap_loop, r) != 0) {
@@ -158,14 +169,14 @@ static phase run_phase(const char *name, double seconds, CUstream st, CUdevicept
     if (r) {
         r->stop = true;
         pthread_join(t, NULL);
-        ph.remaps = __atomic_load_n(&r->remaps, __ATOMIC_RELAXED) - r0;
+        ph.cycles = __atomic_load_n(&r->cycles, __ATOMIC_RELAXED) - c0;
     }
     std::vector<double> s = ph.ms;
     std::sort(s.begin(), s.end());
-    printf("remap_stall: %-9s %5zu batches of %d: a launch median %.4f ms, p90 %.4f ms; "
-           "%llu remaps (%.2f a ms)\n",
-           name, s.size(), BATCH, s[s.size() / 2], s[s.size() * 9 / 10], ph.remaps,
-           ph.remaps / (ph.seconds * 1e3));
+    printf("remap_stall: %-18s %5zu batches of %d: a launch median %.4f ms, p90 %.4f ms; "
+           "%llu range cycles (host %.3f ms a cycle)\n",
+           name, s.size(), BATCH, s[s.size() / 2], s[s.size() * 9 / 10], ph.cycles,
+           ph.cycles ? ph.seconds * 1e3 / ph.cycles : 0.0);
     CHECK(cuEventDestroy(a));
     CHECK(cuEventDestroy(b));
     return ph;
@@ -176,9 +187,12 @@ int main(int argc, char **argv)
     ranges r = {};
     r.n = argc > 1 ? strtoul(argv[1], NULL, 10) : 16;
     size_t mib = argc > 2 ? strtoul(argv[2], NULL, 10) : 64;
-    double seconds = argc > 3 ? atof(argv[3]) : 3.0;
-    if (r.n < 1 || r.n > 256 || mib < 2 || mib > 4096 || !(seconds > 0 && seconds <= 60)) {
-        fprintf(stderr, "usage: remap_stall [RANGES 1-256 [MIB 2-4096 [SECONDS 0-60]]]\n");
+    double seconds = argc > 3 ? atof(argv[3]) : 2.0;
+    size_t group = argc > 4 ? strtoul(argv[4], NULL, 10) : 4;
+    if (r.n < 1 || r.n > 256 || mib < 2 || mib > 4096 || !(seconds > 0 && seconds <= 60) ||
+        group < 1 || r.n % group != 0) {
+        fprintf(stderr, "usage: remap_stall [RANGES 1-256 [MIB 2-4096 [SECONDS 0-60 [GROUP, "
+                        "dividing RANGES]]]]\n");
         return 2;
     }
     CHECK(cuInit(0));
@@ -194,7 +208,8 @@ int main(int argc, char **argv)
     CUdeviceptr buf, out;
     CHECK(cuMemCreate(&rh, rsize, &dp, 0));
     CHECK(cuMemAddressReserve(&buf, rsize, 0, 0, 0));
-    map_rw(buf, rsize, rh);
+    CHECK(cuMemMap(buf, rsize, 0, rh, 0));
+    set_rw(buf, rsize);
     CHECK(cuMemsetD8(buf, 0, rsize));
     CHECK(cuMemAlloc(&out, sizeof(unsigned long long)));
     CHECK(cuMemsetD8(out, 0, sizeof(unsigned long long)));
@@ -210,28 +225,40 @@ int main(int argc, char **argv)
         r.va.push_back(base + k * r.size);
         r.on_dev.push_back(d);
         r.on_host.push_back(h);
-        map_rw(r.va[k], r.size, d);
+        CHECK(cuMemMap(r.va[k], r.size, 0, d, 0));
     }
+    set_rw(base, r.n * r.size);
 
     CUstream st;
     CHECK(cuStreamCreate(&st, CU_STREAM_NON_BLOCKING));
     size_t n16 = rsize / sizeof(uint4);
     run_phase("warm-up", 0.5, st, buf, n16, out, NULL);
-    phase q1 = run_phase("quiet", seconds, st, buf, n16, out, NULL);
-    phase rm = run_phase("remapping", seconds, st, buf, n16, out, &r);
-    phase q2 = run_phase("quiet", seconds, st, buf, n16, out, NULL);
+    std::vector<double> quiet;
+    phase rm[2];
+    for (int i = 0; i < 5; i++) {
+        if (i % 2) {
+            r.group = i == 1 ? 1 : group;
+            char name[48];
+            snprintf(name, sizeof(name), "remapping, by %zu", r.group);
+            rm[i / 2] = run_phase(name, seconds, st, buf, n16, out, &r);
+        } else {
+            phase q = run_phase("quiet", seconds, st, buf, n16, out, NULL);
+            quiet.insert(quiet.end(), q.ms.begin(), q.ms.end());
+        }
+    }
     CHECK(cuCtxSynchronize());
 
-    std::vector<double> quiet = q1.ms;
-    quiet.insert(quiet.end(), q2.ms.begin(), q2.ms.end());
     std::sort(quiet.begin(), quiet.end());
-    double base_ms = quiet[quiet.size() / 2], extra_ms = 0;
-    for (double ms : rm.ms)
-        extra_ms += (ms - base_ms) * BATCH;
-    printf("remap_stall: %zu ranges of %zu MiB; the remapping phase's kernels took %.3f ms more "
-           "than the quiet median (%.4f ms a launch) would: %.2f us a remap\n",
-           r.n, r.size >> 20, extra_ms, base_ms,
-           rm.remaps ? extra_ms * 1e3 / rm.remaps : 0.0);
+    double base_ms = quiet[quiet.size() / 2];
+    for (int i = 0; i < 2; i++) {
+        double extra_ms = 0;
+        for (double ms : rm[i].ms)
+            extra_ms += (ms - base_ms) * BATCH;
+        printf("remap_stall: %zu ranges of %zu MiB, by %zu: the kernels took %.3f ms more than "
+               "the quiet median (%.4f ms a launch) would: %.2f us a range cycle\n",
+               r.n, r.size >> 20, i ? group : 1, extra_ms, base_ms,
+               rm[i].cycles ? extra_ms * 1e3 / rm[i].cycles : 0.0);
+    }
 
     for (size_t k = 0; k < r.n; k++) {
         CHECK(cuMemUnmap(r.va[k], r.size));
