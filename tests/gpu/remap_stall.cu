@@ -2,10 +2,10 @@
 //
 // The default mode (OFFLOAD_MODE=prefetch) makes about 624 remaps a prefill step at half the 7b
 // weights (four a prefetch/eviction pair: unmap device, map host, unmap host, map device) and
-// runs about 5 ms a step (2%) behind noshim, while redirect mode (no remaps) and the hand-written
-// pipeline do not, and the program's stream idles only 0.6-0.8 ms a step (stop 40). One
-// explanation the host-side traces cannot check: each remap changes the GPU's page tables, and
-// the kernels running meanwhile pay for it (TLB invalidations). This program measures that.
+// ran 2.0-3.6% (5-9 ms a step) over noshim in stop 40, redirect mode (no remaps) 0.1-1.4%, while
+// the program's stream idled only 0.6-0.8 ms a step. One explanation the host-side traces
+// cannot check: each remap changes the GPU's page tables, and the kernels running meanwhile pay
+// for it (TLB invalidations). This program measures that.
 //
 // usage: remap_stall [RANGES [MIB [SECONDS [GROUP]]]]
 //        (defaults: 16 ranges of 64 MiB, 2 s a phase, groups of 4)
