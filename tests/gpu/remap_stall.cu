@@ -20,10 +20,11 @@
 // GROUP adjacent ranges (one unmap and one set-access call over the group, a map call per range:
 // does batching the remaps, a lever issue 5 names, cost the GPU or the host less?); quiet.
 // Nothing the kernel reads is remapped.
-// stdout, one line a phase: batches, median and p90 ms a launch, range cycles and the host's ms
-// a cycle (the driver does one remap at a time); then, for each remapping phase, the extra kernel
-// time over the quiet phases' median launch, per range cycle (us).
-// Every CUDA call is checked; on an error it prints it and exits 1.
+// stdout, one line a phase: batches, median and p90 ms a launch, and for a remapping phase the
+// range cycles and the host's ms a cycle (the driver does one remap at a time); then, for each
+// remapping phase, the extra kernel time over the quiet phases' median launch, per range cycle
+// (us). Every CUDA call is checked; on an error (a grouped unmap or set-access call the driver
+// refuses included) it prints it and exits 1.
 #include <cuda.h>
 
 #include <algorithm>
@@ -95,25 +96,40 @@ struct ranges {
     size_t n, size, group;
     std::vector<CUdeviceptr> va;
     std::vector<CUmemGenericAllocationHandle> on_dev, on_host;
-    volatile bool stop;
-    unsigned long long cycles; // ranges moved to host and back
+    bool stop;                 // set by the main thread (atomic)
+    unsigned long long cycles; // ranges moved to host and back (the remapping thread's)
+    char failed[160];          // the driver call that failed on the remapping thread, if one did
 };
 
-static void set_rw(CUdeviceptr va, size_t size)
+static CUmemAccessDesc rw_access(void)
 {
     CUmemAccessDesc a = {};
     a.location.type = CU_MEM_LOCATION_TYPE_DEVICE;
     a.location.id = (int)dev;
     a.flags = CU_MEM_ACCESS_FLAGS_PROT_READWRITE;
-    CHECK(cuMemSetAccess(va, size, &a, 1));
+    return a;
+}
+
+// On the remapping thread a failure ends the loop, and the main thread reports it after the join
+// (an exit() there could run while the main thread is inside the driver).
+static bool remap_ok(ranges *r, CUresult rc, const char *what)
+{
+    if (rc == CUDA_SUCCESS)
+        return true;
+    const char *msg = "?";
+    cuGetErrorString(rc, &msg);
+    snprintf(r->failed, sizeof(r->failed), "%s over %zu ranges failed: %s", what, r->group, msg);
+    return false;
 }
 
 // Map the GROUP ranges from K at their addresses, backed by HANDLES, with one set-access call.
-static void map_group(ranges *r, size_t k, const std::vector<CUmemGenericAllocationHandle> &h)
+static bool map_group(ranges *r, size_t k, const std::vector<CUmemGenericAllocationHandle> &h)
 {
     for (size_t j = k; j < k + r->group; j++)
-        CHECK(cuMemMap(r->va[j], r->size, 0, h[j], 0));
-    set_rw(r->va[k], r->group * r->size);
+        if (!remap_ok(r, cuMemMap(r->va[j], r->size, 0, h[j], 0), "cuMemMap"))
+            return false;
+    CUmemAccessDesc a = rw_access();
+    return remap_ok(r, cuMemSetAccess(r->va[k], r->group * r->size, &a, 1), "cuMemSetAccess");
 }
 
 // The default mode's cycle, group after group: evict (unmap device, map host), then prefetch
@@ -121,13 +137,15 @@ static void map_group(ranges *r, size_t k, const std::vector<CUmemGenericAllocat
 static void *remap_loop(void *arg)
 {
     ranges *r = (ranges *)arg;
-    CHECK(cuCtxSetCurrent(ctx));
-    for (size_t k = 0; !r->stop; k = (k + r->group) % r->n) {
-        CHECK(cuMemUnmap(r->va[k], r->group * r->size));
-        map_group(r, k, r->on_host);
-        CHECK(cuMemUnmap(r->va[k], r->group * r->size));
-        map_group(r, k, r->on_dev);
-        __atomic_add_fetch(&r->cycles, r->group, __ATOMIC_RELAXED);
+    if (!remap_ok(r, cuCtxSetCurrent(ctx), "cuCtxSetCurrent"))
+        return NULL;
+    for (size_t k = 0; !__atomic_load_n(&r->stop, __ATOMIC_ACQUIRE); k = (k + r->group) % r->n) {
+        size_t bytes = r->group * r->size;
+        if (!remap_ok(r, cuMemUnmap(r->va[k], bytes), "cuMemUnmap") ||
+            !map_group(r, k, r->on_host) ||
+            !remap_ok(r, cuMemUnmap(r->va[k], bytes), "cuMemUnmap") || !map_group(r, k, r->on_dev))
+            return NULL;
+        r->cycles += r->group;
     }
     return NULL;
 }
@@ -146,9 +164,9 @@ static phase run_phase(const char *name, double seconds, CUstream st, CUdevicept
     CHECK(cuEventCreate(&a, CU_EVENT_DEFAULT));
     CHECK(cuEventCreate(&b, CU_EVENT_DEFAULT));
     pthread_t t;
-    unsigned long long c0 = r ? __atomic_load_n(&r->cycles, __ATOMIC_RELAXED) : 0;
+    unsigned long long c0 = r ? r->cycles : 0;
     if (r) {
-        r->stop = false;
+        __atomic_store_n(&r->stop, false, __ATOMIC_RELEASE);
         if (pthread_create(&t, NULL, remap_loop, r) != 0) {
             fprintf(stderr, "remap_stall: pthread_create failed\n");
             exit(1);
@@ -167,16 +185,22 @@ static phase run_phase(const char *name, double seconds, CUstream st, CUdevicept
     }
     ph.seconds = now_s() - t0;
     if (r) {
-        r->stop = true;
+        __atomic_store_n(&r->stop, true, __ATOMIC_RELEASE);
         pthread_join(t, NULL);
-        ph.cycles = __atomic_load_n(&r->cycles, __ATOMIC_RELAXED) - c0;
+        if (r->failed[0]) {
+            fprintf(stderr, "remap_stall: %s: %s\n", name, r->failed);
+            exit(1);
+        }
+        ph.cycles = r->cycles - c0;
     }
     std::vector<double> s = ph.ms;
     std::sort(s.begin(), s.end());
-    printf("remap_stall: %-18s %5zu batches of %d: a launch median %.4f ms, p90 %.4f ms; "
-           "%llu range cycles (host %.3f ms a cycle)\n",
-           name, s.size(), BATCH, s[s.size() / 2], s[s.size() * 9 / 10], ph.cycles,
-           ph.cycles ? ph.seconds * 1e3 / ph.cycles : 0.0);
+    char moved[96] = "";
+    if (r)
+        snprintf(moved, sizeof(moved), "; %llu range cycles (host %.3f ms a cycle)", ph.cycles,
+                 ph.cycles ? ph.seconds * 1e3 / ph.cycles : 0.0);
+    printf("remap_stall: %-18s %5zu batches of %d: a launch median %.4f ms, p90 %.4f ms%s\n", name,
+           s.size(), BATCH, s[s.size() / 2], s[s.size() * 9 / 10], moved);
     CHECK(cuEventDestroy(a));
     CHECK(cuEventDestroy(b));
     return ph;
@@ -208,8 +232,9 @@ int main(int argc, char **argv)
     CUdeviceptr buf, out;
     CHECK(cuMemCreate(&rh, rsize, &dp, 0));
     CHECK(cuMemAddressReserve(&buf, rsize, 0, 0, 0));
+    CUmemAccessDesc rw = rw_access();
     CHECK(cuMemMap(buf, rsize, 0, rh, 0));
-    set_rw(buf, rsize);
+    CHECK(cuMemSetAccess(buf, rsize, &rw, 1));
     CHECK(cuMemsetD8(buf, 0, rsize));
     CHECK(cuMemAlloc(&out, sizeof(unsigned long long)));
     CHECK(cuMemsetD8(out, 0, sizeof(unsigned long long)));
@@ -227,7 +252,7 @@ int main(int argc, char **argv)
         r.on_host.push_back(h);
         CHECK(cuMemMap(r.va[k], r.size, 0, d, 0));
     }
-    set_rw(base, r.n * r.size);
+    CHECK(cuMemSetAccess(base, r.n * r.size, &rw, 1));
 
     CUstream st;
     CHECK(cuStreamCreate(&st, CU_STREAM_NON_BLOCKING));
