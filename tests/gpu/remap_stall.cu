@@ -94,12 +94,17 @@ static size_t round_up(size_t n, size_t g)
 
 struct ranges {
     size_t n, size, group;
-    std::vector<CUdeviceptr> va;
+    CUdeviceptr base; // range K is at base + K * size
     std::vector<CUmemGenericAllocationHandle> on_dev, on_host;
     bool stop;                 // set by the main thread (atomic)
     unsigned long long cycles; // ranges moved to host and back (the remapping thread's)
     char failed[160];          // the driver call that failed on the remapping thread, if one did
 };
+
+static CUdeviceptr at(const ranges *r, size_t k)
+{
+    return r->base + k * r->size;
+}
 
 static CUmemAccessDesc rw_access(void)
 {
@@ -126,10 +131,10 @@ static bool remap_ok(ranges *r, CUresult rc, const char *what)
 static bool map_group(ranges *r, size_t k, const std::vector<CUmemGenericAllocationHandle> &h)
 {
     for (size_t j = k; j < k + r->group; j++)
-        if (!remap_ok(r, cuMemMap(r->va[j], r->size, 0, h[j], 0), "cuMemMap"))
+        if (!remap_ok(r, cuMemMap(at(r, j), r->size, 0, h[j], 0), "cuMemMap"))
             return false;
     CUmemAccessDesc a = rw_access();
-    return remap_ok(r, cuMemSetAccess(r->va[k], r->group * r->size, &a, 1), "cuMemSetAccess");
+    return remap_ok(r, cuMemSetAccess(at(r, k), r->group * r->size, &a, 1), "cuMemSetAccess");
 }
 
 // The default mode's cycle, group after group: evict (unmap device, map host), then prefetch
@@ -141,9 +146,9 @@ static void *remap_loop(void *arg)
         return NULL;
     for (size_t k = 0; !__atomic_load_n(&r->stop, __ATOMIC_ACQUIRE); k = (k + r->group) % r->n) {
         size_t bytes = r->group * r->size;
-        if (!remap_ok(r, cuMemUnmap(r->va[k], bytes), "cuMemUnmap") ||
+        if (!remap_ok(r, cuMemUnmap(at(r, k), bytes), "cuMemUnmap") ||
             !map_group(r, k, r->on_host) ||
-            !remap_ok(r, cuMemUnmap(r->va[k], bytes), "cuMemUnmap") || !map_group(r, k, r->on_dev))
+            !remap_ok(r, cuMemUnmap(at(r, k), bytes), "cuMemUnmap") || !map_group(r, k, r->on_dev))
             return NULL;
         r->cycles += r->group;
     }
@@ -241,18 +246,16 @@ int main(int argc, char **argv)
 
     // The remapped ranges: each with device and host memory of its own, mapped on the device.
     CUmemAllocationProp hp = prop_for(true);
-    CUdeviceptr base;
-    CHECK(cuMemAddressReserve(&base, r.n * r.size, 0, 0, 0));
+    CHECK(cuMemAddressReserve(&r.base, r.n * r.size, 0, 0, 0));
     for (size_t k = 0; k < r.n; k++) {
         CUmemGenericAllocationHandle d, h;
         CHECK(cuMemCreate(&d, r.size, &dp, 0));
         CHECK(cuMemCreate(&h, r.size, &hp, 0));
-        r.va.push_back(base + k * r.size);
         r.on_dev.push_back(d);
         r.on_host.push_back(h);
-        CHECK(cuMemMap(r.va[k], r.size, 0, d, 0));
+        CHECK(cuMemMap(at(&r, k), r.size, 0, d, 0));
     }
-    CHECK(cuMemSetAccess(base, r.n * r.size, &rw, 1));
+    CHECK(cuMemSetAccess(r.base, r.n * r.size, &rw, 1));
 
     CUstream st;
     CHECK(cuStreamCreate(&st, CU_STREAM_NON_BLOCKING));
@@ -286,11 +289,11 @@ int main(int argc, char **argv)
     }
 
     for (size_t k = 0; k < r.n; k++) {
-        CHECK(cuMemUnmap(r.va[k], r.size));
+        CHECK(cuMemUnmap(at(&r, k), r.size));
         CHECK(cuMemRelease(r.on_dev[k]));
         CHECK(cuMemRelease(r.on_host[k]));
     }
-    CHECK(cuMemAddressFree(base, r.n * r.size));
+    CHECK(cuMemAddressFree(r.base, r.n * r.size));
     CHECK(cuMemUnmap(buf, rsize));
     CHECK(cuMemRelease(rh));
     CHECK(cuMemAddressFree(buf, rsize));

@@ -7,6 +7,12 @@
 
 enum { NALLOCS = 20 };
 
+/* The released queue's entry K places from its head. */
+static struct fs_exec_released *entry(struct fs_executor *x, int k)
+{
+    return &x->released[(x->released_head + k) % FS_EXEC_RELEASED_MAX];
+}
+
 static struct fs_executor *executor_with(const uint64_t *ids, int n, int head)
 {
     struct fs_executor *x = calloc(1, sizeof(*x));
@@ -17,16 +23,15 @@ static struct fs_executor *executor_with(const uint64_t *ids, int n, int head)
     x->released_head = head;
     x->released_len = n;
     for (int k = 0; k < n; k++)
-        x->released[(head + k) % FS_EXEC_RELEASED_MAX].job.id = ids[k];
+        entry(x, k)->job.id = ids[k];
     return x;
 }
 
-static void assert_order(const struct fs_executor *x, const uint64_t *ids, int n)
+static void assert_order(struct fs_executor *x, const uint64_t *ids, int n)
 {
     assert_int_equal(x->released_len, n);
     for (int k = 0; k < n; k++)
-        assert_int_equal(x->released[(x->released_head + k) % FS_EXEC_RELEASED_MAX].job.id,
-                         ids[k]);
+        assert_int_equal(entry(x, k)->job.id, ids[k]);
 }
 
 static void free_executor(struct fs_executor *x)
@@ -42,10 +47,10 @@ static void test_needed_mapping_goes_first(void **state)
     const uint64_t ids[] = {10, 11, 12, 13, 12};
     struct fs_executor *x = executor_with(ids, 5, FS_EXEC_RELEASED_MAX - 2);
     x->pf[12].pending = 1;
-    x->released[(x->released_head + 2) % FS_EXEC_RELEASED_MAX].job.gen = 7; /* travels along */
+    entry(x, 2)->job.gen = 7; /* travels along */
     fs_exec_released_needed_first(x);
     assert_order(x, (const uint64_t[]){12, 10, 11, 13, 12}, 5);
-    assert_int_equal(x->released[x->released_head].job.gen, 7);
+    assert_int_equal(entry(x, 0)->job.gen, 7);
     assert_int_equal(x->stats.host_maps_first, 1);
     /* Now at the head: it stays there, and nothing else moves. */
     fs_exec_released_needed_first(x);
