@@ -107,6 +107,12 @@ PLAN_COUNTERS = {
     "evictions_passed": r"(\d+) evictions begun ahead of a prefetch",
     "restaged": r"(\d+) prefetches queued by a launch that found none",
 }
+# The run trace's measures of the program's stream (lines of their own, after the exit line):
+# idle in the late waits, and waiting on the device for the copies launches were ordered after.
+PLAN_STREAM_WAITS = {
+    "stream_idle_ms": r"plan: the launches' streams had run out of work for ([\d.]+) ms",
+    "ordered_wait_ms": r"plan: the launches ordered after a prefetch's copy waited ([\d.]+) ms",
+}
 
 
 def parse_shim_log(path, keep=40):
@@ -175,6 +181,11 @@ def parse_shim_log(path, keep=40):
             m = re.search(rx, exit_plan[-1])
             if m:
                 pc[k] = float(m.group(1)) if "." in m.group(1) else int(m.group(1))
+        for k, rx in PLAN_STREAM_WAITS.items():
+            for t in d["plan"]:
+                m = re.match(rx, t)
+                if m:
+                    pc[k] = float(m.group(1))
         out["plan_counters"] = pc
     return out
 
@@ -462,6 +473,10 @@ def add_system_notes(row, d):
             bits.append(f"waited {pc['late_wait_ms']} ms")
         if pc.get("ordered"):
             bits.append(f"ordered on stream {pc['ordered']}")
+        if "ordered_wait_ms" in pc:
+            bits.append(f"waited on the device {pc['ordered_wait_ms']} ms")
+        if "stream_idle_ms" in pc:
+            bits.append(f"stream idle in late waits {pc['stream_idle_ms']} ms")
         if "fault_ins" in c:
             bits.append(f"fault-ins {c['fault_ins']}")
         if c.get("forced_syncs"):
@@ -936,6 +951,8 @@ SHIM_SAMPLE = """[flexshim 99] info: allocations: 0 managed (0 bytes), 0 passed 
 [flexshim 42] info: residency: budget 3.37 GiB, device peak 3.36 GiB, pinned host 10.1 GiB; 100 evictions (2000 bytes), 7 fault-ins (70 bytes), 0 placed on host, 0 host-served references, 0 forced synchronizes, 0 internal failures; device blocks 300 made (240.5 ms), 290 given back for another size (30.1 ms); background pinner started (3 blocks)
 [flexshim 42] info: launches: 5000 seen, 4000 referencing managed memory, 0 unknown (parameters unreadable), 30 layout queries
 [flexshim 42] info: plan: 1 installed; 4000 launches followed (3 of the plan's skipped, 4 extra), 1 departures, 10 launches run reactively, found 2 times; 500 prefetches (123456 bytes moved in) and 480 evictions queued; 12 late and 3 unplanned references; 34.5 ms waited for late prefetches; 88 references ordered after a prefetch's copy on their stream (90 prefetches mapped early); 0 evictions skipped (in use), 0 failed moves, 0 dropped, 0 give-ups
+[flexshim 42] info: plan: the launches' streams had run out of work for 1.5 ms of those waits (12 waits measured, 0 not; measured only with the run trace on)
+[flexshim 42] info: plan: the launches ordered after a prefetch's copy waited 41.0 ms for it on the device (80 launches measured, 2 not; measured only with the run trace on)
 """
 
 
@@ -980,8 +997,10 @@ def selftest():
               and sh["plan_counters"]["prefetched_bytes"] == 123456
               and sh["plan_counters"]["late_wait_ms"] == 34.5
               and sh["plan_counters"]["ordered"] == 88
-              and sh["plan_counters"]["early_maps"] == 90, sh.get("plan_counters"))
-        check("shim: plan lines (no debug)", len(sh["plan"]) == 2, sh["plan"])
+              and sh["plan_counters"]["early_maps"] == 90
+              and sh["plan_counters"]["stream_idle_ms"] == 1.5
+              and sh["plan_counters"]["ordered_wait_ms"] == 41.0, sh.get("plan_counters"))
+        check("shim: plan lines (no debug)", len(sh["plan"]) == 4, sh["plan"])
         check("shim: warnings", sh["warnings"] == 1, sh)
         check("shim: missing file", "error" in parse_shim_log(log + "x"))
 

@@ -926,6 +926,12 @@ static void stop_and_log_plan(const struct fs_engine_stats *s)
                 "(%llu waits measured, %llu not; measured only with the run trace on)",
                 (double)x.idle_ns / 1e6, (unsigned long long)x.idle_measured,
                 (unsigned long long)x.idle_missed);
+    if (s->res.ordered_measured + s->res.ordered_missed > 0)
+        FS_INFO("plan: the launches ordered after a prefetch's copy waited %.1f ms for it on the "
+                "device (%llu launches measured, %llu not; measured only with the run trace on)",
+                (double)s->res.ordered_idle_ns / 1e6,
+                (unsigned long long)s->res.ordered_measured,
+                (unsigned long long)s->res.ordered_missed);
 }
 
 /* A file setting (TIMING_REPORT, TRACE_OUT) whose file could not be written (errno says why). */

@@ -524,112 +524,13 @@ static void slots_destroy(struct fs_executor *x)
     x->nslots = 0;
 }
 
-/* ---- the stream's idle time (run trace only) -------------------------------------------------
- * A late wait costs the program only where the launch's stream runs out of work meanwhile (the
- * thread usually runs ahead of the device). A timing event recorded on that stream as the wait
- * begins completes when the work queued before it ends; one recorded as the wait ends completes
- * at once if the stream is dry by then. The time between the two is the stream's idle time in
- * the wait (0 when its work outlasted the wait). They are read later, once both completed, on a
- * launch's late wait or when the counters are read; the idle time is written as a "stream idle"
- * span ending where the wait ended. Two event records per late wait, only with the trace on. */
-
-static void idle_probes_setup(struct fs_executor *x)
-{
-    x->idle_setup = true;
-    struct fs_device *dev = x->res->dev;
-    for (; x->nidle < FS_EXEC_IDLE_PROBES; x->nidle++) {
-        struct fs_exec_idle_probe *p = &x->idle[x->nidle];
-        if (fs_dev_call(dev, event_create, FS_EVENT_TIMING, &p->before) != FS_OK)
-            break;
-        if (fs_dev_call(dev, event_create, FS_EVENT_TIMING, &p->after) != FS_OK) {
-            fs_dev_call(dev, event_destroy, p->before);
-            break;
-        }
-    }
-}
-
-static void idle_probes_destroy(struct fs_executor *x)
-{
-    for (int i = 0; i < x->nidle; i++) {
-        fs_dev_call(x->res->dev, event_destroy, x->idle[i].before);
-        fs_dev_call(x->res->dev, event_destroy, x->idle[i].after);
-    }
-    x->nidle = 0;
-}
-
-/* Read the probes whose events have completed (lock held). */
-static void idle_probes_collect(struct fs_executor *x)
-{
-    for (int i = 0; i < x->nidle; i++) {
-        struct fs_exec_idle_probe *p = &x->idle[i];
-        float ms = 0.0f;
-        if (p->state != FS_IDLE_RECORDED)
-            continue;
-        int rc = fs_dev_call(x->res->dev, event_elapsed_ms, p->before, p->after, &ms);
-        if (rc == FS_ERR_NOT_READY)
-            continue;
-        p->state = FS_IDLE_FREE;
-        if (rc != FS_OK) {
-            x->stats.idle_missed++;
-            continue;
-        }
-        /* GPU and host clocks differ a little: never more than the wait itself */
-        uint64_t ns = ms > 0.0f ? (uint64_t)((double)ms * 1e6) : 0;
-        if (ns > p->t1 - p->t0)
-            ns = p->t1 - p->t0;
-        x->stats.idle_measured++;
-        x->stats.idle_ns += ns;
-        if (ns > 0)
-            fs_rt_span(FS_RT_STREAM_IDLE, p->id, p->bytes, p->t1 - ns, p->t1);
-    }
-}
-
-/* A free probe with its first event recorded on STREAM, or NULL (trace off, none free, a graph
- * capture, a failed record: counted as missed). Lock held. */
-static struct fs_exec_idle_probe *idle_probe_begin(struct fs_executor *x, fs_stream stream)
-{
-    if (!fs_rt_on())
-        return NULL;
-    if (!x->idle_setup)
-        idle_probes_setup(x);
-    idle_probes_collect(x);
-    for (int i = 0; i < x->nidle; i++) {
-        struct fs_exec_idle_probe *p = &x->idle[i];
-        if (p->state != FS_IDLE_FREE)
-            continue;
-        if (capture_in_progress(x) ||
-            fs_dev_call(x->res->dev, event_record, p->before, stream) != FS_OK)
-            break;
-        p->state = FS_IDLE_WAITING;
-        return p;
-    }
-    x->stats.idle_missed++;
-    return NULL;
-}
-
-static void idle_probe_end(struct fs_executor *x, struct fs_exec_idle_probe *p, fs_stream stream,
-                           const struct fs_alloc *a, uint64_t t0, uint64_t t1)
-{
-    if (!p)
-        return;
-    if (fs_dev_call(x->res->dev, event_record, p->after, stream) != FS_OK) {
-        p->state = FS_IDLE_FREE;
-        x->stats.idle_missed++;
-        return;
-    }
-    p->id = a->id;
-    p->bytes = a->mapped;
-    p->t0 = t0;
-    p->t1 = t1;
-    p->state = FS_IDLE_RECORDED;
-}
-
 int fs_exec_init(struct fs_executor *x, struct fs_residency *res)
 {
     memset(x, 0, sizeof(*x));
     x->res = res;
     x->pass_at = UINT64_MAX; /* no pass has waited yet */
     slots_init(x);
+    fs_probe_pool_init(&x->idle, res->dev, FS_RT_STREAM_IDLE);
     pthread_mutex_init(&x->lock, NULL);
     pthread_cond_init(&x->wake, NULL);
     pthread_cond_init(&x->done, NULL);
@@ -710,7 +611,7 @@ void fs_exec_destroy(struct fs_executor *x)
     fs_exec_shutdown(x);
     free_plan(x);
     slots_destroy(x);
-    idle_probes_destroy(x);
+    fs_probe_pool_destroy(&x->idle);
     for (int i = 0; i < FS_EXEC_FINISHERS; i++)
         pthread_cond_destroy(&x->fin[i].wake);
     pthread_cond_destroy(&x->done);
@@ -1129,7 +1030,9 @@ void fs_exec_launch_enter(struct fs_executor *x, struct fs_launch_ticket *t)
             x->stats.restaged++;
         }
         uint64_t t0 = fs_now_ns();
-        struct fs_exec_idle_probe *probe = idle_probe_begin(x, t->stream);
+        /* the stream's idle time in the wait (stream_probe.h); none in a graph capture */
+        struct fs_probe *probe =
+            fs_rt_on() ? fs_probe_begin(&x->idle, t->stream, !capture_in_progress(x)) : NULL;
         /* The plan may be replaced while this waits: check the bound again each time. */
         while (fs_exec_running(x) && a->id < (uint64_t)x->prof.nallocs &&
                x->pf[a->id].pending > 0 && !fs_res_on_device(a))
@@ -1137,7 +1040,7 @@ void fs_exec_launch_enter(struct fs_executor *x, struct fs_launch_ticket *t)
         uint64_t t1 = fs_now_ns();
         x->stats.late_wait_ns += t1 - t0;
         fs_rt_span(FS_RT_LATE_WAIT, a->id, a->mapped, t0, t1);
-        idle_probe_end(x, probe, t->stream, a, t0, t1);
+        fs_probe_end(&x->idle, probe, t->stream, a->id, a->mapped, t0, t1);
         if (!fs_exec_running(x))
             break;
     }
@@ -1188,7 +1091,10 @@ uint64_t fs_exec_iterations(struct fs_executor *x)
 void fs_exec_get_stats(struct fs_executor *x, struct fs_exec_stats *out)
 {
     pthread_mutex_lock(&x->lock);
-    idle_probes_collect(x);
+    fs_probe_collect(&x->idle);
     *out = x->stats;
+    out->idle_ns = x->idle.idle_ns;
+    out->idle_measured = x->idle.measured;
+    out->idle_missed = x->idle.missed;
     pthread_mutex_unlock(&x->lock);
 }

@@ -41,6 +41,7 @@
 #include "launch.h"
 #include "profile.h"
 #include "residency.h"
+#include "stream_probe.h"
 
 /* Signatures that must match to find the place in the iteration again. */
 #define FS_EXEC_SYNC_WINDOW 32
@@ -68,8 +69,8 @@ struct fs_exec_stats {
                                 * nor arriving (residency.h) when the launch was about to be
                                 * queued (the thread waited) */
     uint64_t late_wait_ns;     /* time the launching threads spent waiting for late prefetches */
-    /* Run trace only (executor.c, "the stream's idle time"): of those waits, the time the
-     * launch's stream had run out of work; waits measured, and waits that could not be */
+    /* Run trace only (stream_probe.h): of those waits, the time the launch's stream had run
+     * out of work; waits measured, and waits that could not be */
     uint64_t idle_ns, idle_measured, idle_missed;
     uint64_t unplanned;        /* references to allocations the plan had on host there */
     uint64_t evict_busy;       /* evictions skipped: a launch held the allocation */
@@ -86,18 +87,6 @@ struct fs_exec_stats {
                                 * a prefetch of the allocation waited for it */
     uint64_t host_maps_put_off; /* times the host mapping waited for a begun prefetch's */
     uint64_t give_ups;
-};
-
-/* With the run trace on: a pair of timing events on a launch's stream around one late wait
- * (executor.c, "the stream's idle time"), read once both have completed. */
-#define FS_EXEC_IDLE_PROBES 128
-struct fs_exec_idle_probe {
-    fs_event before, after;
-    uint64_t id, bytes; /* the allocation waited for */
-    uint64_t t0, t1;    /* when the wait began and ended (fs_now_ns) */
-    /* FREE; WAITING: taken by a thread in its wait (the lock is let go meanwhile, and another
-     * thread's wait must not take it); RECORDED: both events recorded, not yet read */
-    enum { FS_IDLE_FREE, FS_IDLE_WAITING, FS_IDLE_RECORDED } state;
 };
 
 struct fs_exec_job {
@@ -194,9 +183,7 @@ struct fs_executor {
     uint64_t iterations;     /* times the program reached the iteration's first launch */
     int mode;                /* enum fs_offload_mode (fs_exec_set_offload_mode) */
     bool late_in_place;      /* LATE_PREFETCH=read_in_place (fs_exec_set_offload_mode) */
-    struct fs_exec_idle_probe idle[FS_EXEC_IDLE_PROBES];
-    int nidle;               /* probes with their events (made at the first late wait traced) */
-    bool idle_setup;         /* their making was tried */
+    struct fs_probe_pool idle; /* the streams' idle time in late waits (run trace only) */
     struct fs_exec_stats stats;
 };
 

@@ -214,6 +214,7 @@ int fs_res_init(struct fs_residency *res, struct fs_device *dev, const struct fs
         goto fail_h2d;
     if (fs_dev_call(dev, stream_create, &res->fp_side) != FS_OK)
         res->fp_side = NULL;
+    fs_probe_pool_init(&res->ordered_probes, dev, -1);
     pthread_mutex_init(&res->lock, NULL);
     pthread_mutex_init(&res->ev_lock, NULL);
     pthread_cond_init(&res->moved, NULL);
@@ -392,6 +393,7 @@ void fs_res_destroy(struct fs_residency *res)
     }
     free(res->plain);
     events_destroy(res);
+    fs_probe_pool_destroy(&res->ordered_probes);
     fs_dev_call(res->dev, stream_destroy, res->h2d);
     fs_dev_call(res->dev, stream_destroy, res->d2h);
     if (res->fp_side)
@@ -1188,14 +1190,26 @@ uint64_t fs_res_launch_begin(struct fs_residency *res, struct fs_alloc *const *a
         }
     }
     /* A prefetch ends under the lock: what is arriving now stays so until the holds are taken,
-     * and a hold keeps it from being moved again. */
+     * and a hold keeps it from being moved again. With the run trace on, a probe measures what
+     * the waits cost the stream on the device (stream_probe.h). */
+    struct fs_probe *probe = NULL;
+    int waits = 0;
+    uint64_t waited_id = 0, waited_bytes = 0;
     for (int i = 0; i < n; i++) {
         struct fs_alloc *a = allocs[i];
         if (LOAD(&a->state) != FS_RES_MOVING)
             continue;
+        if (waits++ == 0 && fs_rt_on())
+            probe = fs_probe_begin(&res->ordered_probes, stream, true);
+        waited_id = a->id;
+        waited_bytes += a->mapped;
         if (fs_dev_call(res->dev, stream_wait_event, stream, a->arrive_ev) != FS_OK)
             fs_dev_call(res->dev, event_sync, a->arrive_ev); /* the copy has landed, or failed */
         STAT(res, ordered_waits, 1);
+    }
+    if (probe) {
+        uint64_t now = fs_now_ns();
+        fs_probe_end(&res->ordered_probes, probe, stream, waited_id, waited_bytes, now, now);
     }
     /* Under the lock no move begins and, for a gated launch, the gate is open (checked in the
      * pass above, and closed only under the lock), so these holds need no handshake. */
@@ -1836,7 +1850,11 @@ int fs_res_evict_id(struct fs_residency *res, uint64_t id)
 void fs_res_get_stats(struct fs_residency *res, struct fs_res_stats *out)
 {
     pthread_mutex_lock(&res->lock);
+    fs_probe_collect(&res->ordered_probes);
     *out = res->stats;
+    out->ordered_idle_ns = res->ordered_probes.idle_ns;
+    out->ordered_measured = res->ordered_probes.measured;
+    out->ordered_missed = res->ordered_probes.missed;
     pthread_mutex_unlock(&res->lock);
     /* counted by the finishers without the lock */
     out->predicted_sleeps = __atomic_load_n(&res->stats.predicted_sleeps, __ATOMIC_RELAXED);

@@ -42,6 +42,7 @@
 #include "device.h"
 #include "fingerprint.h"
 #include "phys_pool.h"
+#include "stream_probe.h"
 #include "va_space.h"
 
 enum fs_res_state {
@@ -127,6 +128,9 @@ struct fs_res_stats {
     uint64_t async_moves;             /* moves through fs_res_move_begin/end */
     uint64_t early_maps;              /* prefetches mapped at their VA before the copy landed */
     uint64_t ordered_waits;           /* launches that waited for such a copy on their stream */
+    /* Run trace only (stream_probe.h): the device time those streams spent waiting for the
+     * copies; launches measured, and launches that could not be */
+    uint64_t ordered_idle_ns, ordered_measured, ordered_missed;
     uint64_t failures;                /* internal failures that fell back (logged) */
     /* COPY_WAIT=predict: waits that slept before waiting on the copy's event, and those whose
      * copy had already ended when the sleep did (the prediction was late; atomic) */
@@ -189,6 +193,7 @@ struct fs_residency {
         uint64_t last_end_ns;
     } link[2];
     struct fs_res_stats stats;
+    struct fs_probe_pool ordered_probes; /* waits on arriving copies (run trace only; lock) */
     /* background pinning: host blocks for the allocations the budget will push out (one
      * thread: the driver makes pinned host memory at about 4 GB/s however many threads ask,
      * tests/gpu/pin_probe.c) */

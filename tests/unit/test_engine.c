@@ -1275,7 +1275,8 @@ static void test_redirect_late_reads_in_place(void **state)
  * the trace draws a "stream idle" span for each wait that had some. The simulated device's
  * program clock stands still while the program's thread waits for the mover (the replay moves it
  * only after the wait, fs_sim_join_engine_clock), and the program queues nothing meanwhile, so
- * here its stream is never idle in a wait: no time, no span. Non-zero idle is for the GPU. */
+ * here its stream is never idle in a wait: no time, no span. Non-zero idle is for the GPU. The
+ * launches queued behind an arriving copy are measured as well (test_residency checks the time). */
 static void test_run_trace_stream_idle(void **state)
 {
     (void)state;
@@ -1305,6 +1306,17 @@ static void test_run_trace_stream_idle(void **state)
              "plan: the launches' streams had run out of work for 0.0 ms of those waits (%llu "
              "waits measured, %llu not;",
              (unsigned long long)st.exec.idle_measured, (unsigned long long)st.exec.idle_missed);
+    assert_non_null(strstr(log, want));
+    /* The launches ordered after a copy are measured too, one probe per launch (a launch may
+     * wait for several copies), and the exit log says how much they waited on the device. */
+    uint64_t probed = st.res.ordered_measured + st.res.ordered_missed;
+    assert_true(st.res.ordered_waits > 0);
+    assert_true(probed > 0 && probed <= st.res.ordered_waits);
+    snprintf(want, sizeof(want),
+             "plan: the launches ordered after a prefetch's copy waited %.1f ms for it on the "
+             "device (%llu launches measured, %llu not;",
+             (double)st.res.ordered_idle_ns / 1e6, (unsigned long long)st.res.ordered_measured,
+             (unsigned long long)st.res.ordered_missed);
     assert_non_null(strstr(log, want));
 
     json_error_t err;

@@ -8,6 +8,7 @@
 #include "device_sim.h"
 #include "launch.h"
 #include "residency.h"
+#include "run_trace.h"
 #include "test_util.h"
 
 #define MIB (1024ull * 1024ull)
@@ -929,6 +930,58 @@ static void test_prefetch_maps_early_and_launch_waits_on_its_stream(void **state
     env_close(&e);
 }
 
+/* With the run trace on, a launch ordered after an arriving copy is measured for the device time
+ * its stream waited for the copy (stream_probe.h): the simulated copy of 16 MiB takes 305 us at
+ * 55 GB/s, and the stream had nothing else queued, so it waited for most of it, never more. A
+ * launch on an allocation already on the device, and one with the trace off, are not measured. */
+static void ordered_launch(struct env *e, uint64_t size, bool trace, uint64_t *idle_ns,
+                           uint64_t *measured)
+{
+    fs_dptr v[1];
+    uint64_t sizes[1] = {size};
+    struct kctx k = {.words = (uint32_t)(size / 4)};
+    alloc_filled(e, v, 1, size);
+    struct fs_alloc *A = fs_res_lookup(&e->res, v[0]);
+    assert_int_equal(fs_res_evict_id(&e->res, A->id), FS_OK);
+    assert_int_equal(fs_dev_call(e->dev, ctx_sync), FS_OK); /* the stream is dry */
+    struct fs_res_move m = {0};
+    move_init(e, &m);
+    assert_int_equal(fs_res_move_begin(&e->res, A->id, false, &m), FS_OK);
+    assert_int_equal(fs_res_move_map(&e->res, &m), FS_OK);
+    assert_true(m.mapped_early);
+    if (trace)
+        assert_int_equal(fs_rt_open(1024), FS_OK);
+    launch(e, v, sizes, 1, 1000, add_one, &k); /* ordered after the copy */
+    assert_int_equal(fs_res_move_end(&e->res, &m, true), FS_OK);
+    launch(e, v, sizes, 1, 1000, add_one, &k); /* on the device: no wait */
+    assert_int_equal(fs_dev_call(e->dev, ctx_sync), FS_OK);
+    struct fs_res_stats st;
+    fs_res_get_stats(&e->res, &st);
+    if (trace)
+        fs_rt_close();
+    check(e, v[0], size, 0, 2);
+    assert_int_equal(st.ordered_missed, 0);
+    *idle_ns = st.ordered_idle_ns;
+    *measured = st.ordered_measured;
+    move_fini(e, &m);
+}
+
+static void test_ordered_wait_measured_on_the_device(void **state)
+{
+    (void)state;
+    struct env e;
+    env_open(&e, 64 * MIB, false);
+    uint64_t idle_ns, measured;
+    ordered_launch(&e, 16 * MIB, false, &idle_ns, &measured);
+    assert_int_equal(measured, 0);
+    assert_int_equal(idle_ns, 0);
+    ordered_launch(&e, 16 * MIB, true, &idle_ns, &measured);
+    assert_int_equal(measured, 1);
+    uint64_t copy_ns = (uint64_t)(16.0 * MIB / 55e9 * 1e9);
+    assert_true(idle_ns > copy_ns / 2 && idle_ns <= copy_ns + 1000);
+    env_close(&e);
+}
+
 /* If host memory cannot be mapped after the device memory went back, the data comes back on the
  * device (over the budget if need be): the VA is mapped, the data intact, the failure counted. */
 static void test_eviction_host_map_failure_keeps_data(void **state)
@@ -1665,6 +1718,7 @@ int main(void)
         cmocka_unit_test(test_eviction_gives_room_before_mapping_host),
         cmocka_unit_test(test_eviction_only_if_quiet),
         cmocka_unit_test(test_prefetch_maps_early_and_launch_waits_on_its_stream),
+        cmocka_unit_test(test_ordered_wait_measured_on_the_device),
         cmocka_unit_test(test_eviction_host_map_failure_keeps_data),
         cmocka_unit_test(test_plan_kept_allocations_are_evicted_last),
         cmocka_unit_test(test_plan_host_role_is_read_in_place),

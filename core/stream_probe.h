@@ -1,0 +1,58 @@
+/* Stream probes (run trace only): how long a stream had nothing to run because of a wait.
+ *
+ * A timing event recorded on the stream before the wait completes when the work queued before it
+ * ends; one recorded after the wait completes once that work and the wait are both over. The time
+ * between the two is what the wait cost the stream's device time (0 when its earlier work
+ * outlasted the wait). Two uses, one pool each:
+ *   - the executor's late waits: the program's thread waits on the host for a prefetch to begin,
+ *     and the stream may run dry meanwhile ("stream idle" spans, ending where the wait ended);
+ *   - the residency's ordered waits: a launch queued behind an arriving copy
+ *     (cuStreamWaitEvent) waits on the device if the stream reaches it before the copy lands.
+ *     Its place on the host clock is unknown (the device reaches it later), so it is counted, not
+ *     drawn.
+ * Events are read once both have completed, when the pool is next used or collected. The pool
+ * has no lock of its own: its owner's lock guards every call. */
+#ifndef FS_STREAM_PROBE_H
+#define FS_STREAM_PROBE_H
+
+#include <stdbool.h>
+#include <stdint.h>
+
+#include "device.h"
+
+#define FS_PROBES 128
+
+struct fs_probe {
+    fs_event before, after;
+    uint64_t id, bytes; /* the allocation waited for (the last one, and all their bytes) */
+    uint64_t t0, t1;    /* when the wait began and ended on the host (fs_now_ns) */
+    /* FREE; WAITING: taken by a thread in its wait (the owner's lock may be let go meanwhile,
+     * and another thread's wait must not take it); RECORDED: both events recorded, not read */
+    enum { FS_PROBE_FREE, FS_PROBE_WAITING, FS_PROBE_RECORDED } state;
+};
+
+struct fs_probe_pool {
+    struct fs_device *dev;
+    int span_kind;     /* the run trace's kind for a wait with idle time, or -1: counted only */
+    struct fs_probe p[FS_PROBES];
+    int n;             /* probes with their events (made at the first wait traced) */
+    bool setup;        /* their making was tried */
+    uint64_t idle_ns;  /* the stream's idle time over the waits measured */
+    uint64_t measured, missed; /* waits measured, and waits that could not be */
+};
+
+void fs_probe_pool_init(struct fs_probe_pool *pp, struct fs_device *dev, int span_kind);
+void fs_probe_pool_destroy(struct fs_probe_pool *pp);
+
+/* A free probe with its first event recorded on STREAM, or NULL (counted as missed): !RECORDABLE
+ * (a graph capture), none free, a failed record. Called only with the run trace on. */
+struct fs_probe *fs_probe_begin(struct fs_probe_pool *pp, fs_stream stream, bool recordable);
+
+/* The second event, after the wait (P NULL: nothing). */
+void fs_probe_end(struct fs_probe_pool *pp, struct fs_probe *p, fs_stream stream, uint64_t id,
+                  uint64_t bytes, uint64_t t0, uint64_t t1);
+
+/* Read the probes whose events have completed into the counters (and spans). */
+void fs_probe_collect(struct fs_probe_pool *pp);
+
+#endif
