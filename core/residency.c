@@ -1199,7 +1199,7 @@ uint64_t fs_res_launch_begin(struct fs_residency *res, struct fs_alloc *const *a
         struct fs_alloc *a = allocs[i];
         if (LOAD(&a->state) != FS_RES_MOVING)
             continue;
-        if (waits++ == 0 && fs_rt_on())
+        if (waits++ == 0 && fs_rt_on()) /* arriving: not in a graph capture (above) */
             probe = fs_probe_begin(&res->ordered_probes, stream, true);
         waited_id = a->id;
         waited_bytes += a->mapped;

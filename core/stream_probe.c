@@ -51,13 +51,13 @@ void fs_probe_collect(struct fs_probe_pool *pp)
             continue;
         }
         uint64_t ns = ms > 0.0f ? (uint64_t)((double)ms * 1e6) : 0;
-        /* A host wait: GPU and host clocks differ a little, never more than the wait itself.
-         * A device wait (t0 == t1) has no host span to bound it. */
-        if (p->t1 > p->t0 && ns > p->t1 - p->t0)
+        bool host_wait = pp->span_kind >= 0;
+        /* GPU and host clocks differ a little: never more than the host wait itself */
+        if (host_wait && ns > p->t1 - p->t0)
             ns = p->t1 - p->t0;
         pp->measured++;
         pp->idle_ns += ns;
-        if (ns > 0 && pp->span_kind >= 0)
+        if (host_wait && ns > 0)
             fs_rt_span_on(FS_RT_PROGRAM, (enum fs_rt_kind)pp->span_kind, p->id, p->bytes,
                           p->t1 - ns, p->t1);
     }

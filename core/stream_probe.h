@@ -33,7 +33,10 @@ struct fs_probe {
 
 struct fs_probe_pool {
     struct fs_device *dev;
-    int span_kind;     /* the run trace's kind for a wait with idle time, or -1: counted only */
+    /* Waits on the host (the late waits): the run trace's kind of the span drawn for a wait
+     * with idle time, which is at most the host wait. -1 for waits on the device (the ordered
+     * waits): counted only, and bounded by nothing the host saw. */
+    int span_kind;
     struct fs_probe p[FS_PROBES];
     int n;             /* probes with their events (made at the first wait traced) */
     bool setup;        /* their making was tried */
