@@ -921,17 +921,17 @@ static void stop_and_log_plan(const struct fs_engine_stats *s)
             (unsigned long long)x.overlapped, (unsigned long long)x.max_inflight,
             (unsigned long long)x.passed, (unsigned long long)x.restaged,
             (unsigned long long)x.host_maps_first, (unsigned long long)x.host_maps_put_off);
-    if (x.idle_measured + x.idle_missed > 0)
+    if (x.idle.measured + x.idle.missed > 0)
         FS_INFO("plan: the launches' streams had run out of work for %.1f ms of those waits "
                 "(%llu waits measured, %llu not; measured only with the run trace on)",
-                (double)x.idle_ns / 1e6, (unsigned long long)x.idle_measured,
-                (unsigned long long)x.idle_missed);
-    if (s->res.ordered_measured + s->res.ordered_missed > 0)
+                (double)x.idle.idle_ns / 1e6, (unsigned long long)x.idle.measured,
+                (unsigned long long)x.idle.missed);
+    if (s->res.ordered_wait.measured + s->res.ordered_wait.missed > 0)
         FS_INFO("plan: the launches ordered after a prefetch's copy waited %.1f ms for it on the "
                 "device (%llu launches measured, %llu not; measured only with the run trace on)",
-                (double)s->res.ordered_idle_ns / 1e6,
-                (unsigned long long)s->res.ordered_measured,
-                (unsigned long long)s->res.ordered_missed);
+                (double)s->res.ordered_wait.idle_ns / 1e6,
+                (unsigned long long)s->res.ordered_wait.measured,
+                (unsigned long long)s->res.ordered_wait.missed);
 }
 
 /* A file setting (TIMING_REPORT, TRACE_OUT) whose file could not be written (errno says why). */

@@ -1093,8 +1093,6 @@ void fs_exec_get_stats(struct fs_executor *x, struct fs_exec_stats *out)
     pthread_mutex_lock(&x->lock);
     fs_probe_collect(&x->idle);
     *out = x->stats;
-    out->idle_ns = x->idle.idle_ns;
-    out->idle_measured = x->idle.measured;
-    out->idle_missed = x->idle.missed;
+    out->idle = x->idle.counts;
     pthread_mutex_unlock(&x->lock);
 }

@@ -71,7 +71,7 @@ struct fs_exec_stats {
     uint64_t late_wait_ns;     /* time the launching threads spent waiting for late prefetches */
     /* Run trace only (stream_probe.h): of those waits, the time the launch's stream had run
      * out of work; waits measured, and waits that could not be */
-    uint64_t idle_ns, idle_measured, idle_missed;
+    struct fs_probe_counts idle;
     uint64_t unplanned;        /* references to allocations the plan had on host there */
     uint64_t evict_busy;       /* evictions skipped: a launch held the allocation */
     uint64_t read_in_place;    /* prefetches dropped: a late reference read it from host */

@@ -1194,23 +1194,18 @@ uint64_t fs_res_launch_begin(struct fs_residency *res, struct fs_alloc *const *a
      * the waits cost the stream on the device (stream_probe.h). */
     struct fs_probe *probe = NULL;
     int waits = 0;
-    uint64_t waited_id = 0, waited_bytes = 0;
     for (int i = 0; i < n; i++) {
         struct fs_alloc *a = allocs[i];
         if (LOAD(&a->state) != FS_RES_MOVING)
             continue;
         if (waits++ == 0 && fs_rt_on()) /* arriving: not in a graph capture (above) */
             probe = fs_probe_begin(&res->ordered_probes, stream, true);
-        waited_id = a->id;
-        waited_bytes += a->mapped;
         if (fs_dev_call(res->dev, stream_wait_event, stream, a->arrive_ev) != FS_OK)
             fs_dev_call(res->dev, event_sync, a->arrive_ev); /* the copy has landed, or failed */
         STAT(res, ordered_waits, 1);
     }
-    if (probe) {
-        uint64_t now = fs_now_ns();
-        fs_probe_end(&res->ordered_probes, probe, stream, waited_id, waited_bytes, now, now);
-    }
+    /* a wait on the device: no allocation or host time to draw it with */
+    fs_probe_end(&res->ordered_probes, probe, stream, 0, 0, 0, 0);
     /* Under the lock no move begins and, for a gated launch, the gate is open (checked in the
      * pass above, and closed only under the lock), so these holds need no handshake. */
     if (gated(res, unknown))
@@ -1852,9 +1847,7 @@ void fs_res_get_stats(struct fs_residency *res, struct fs_res_stats *out)
     pthread_mutex_lock(&res->lock);
     fs_probe_collect(&res->ordered_probes);
     *out = res->stats;
-    out->ordered_idle_ns = res->ordered_probes.idle_ns;
-    out->ordered_measured = res->ordered_probes.measured;
-    out->ordered_missed = res->ordered_probes.missed;
+    out->ordered_wait = res->ordered_probes.counts;
     pthread_mutex_unlock(&res->lock);
     /* counted by the finishers without the lock */
     out->predicted_sleeps = __atomic_load_n(&res->stats.predicted_sleeps, __ATOMIC_RELAXED);

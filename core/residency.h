@@ -130,7 +130,7 @@ struct fs_res_stats {
     uint64_t ordered_waits;           /* launches that waited for such a copy on their stream */
     /* Run trace only (stream_probe.h): the device time those streams spent waiting for the
      * copies; launches measured, and launches that could not be */
-    uint64_t ordered_idle_ns, ordered_measured, ordered_missed;
+    struct fs_probe_counts ordered_wait;
     uint64_t failures;                /* internal failures that fell back (logged) */
     /* COPY_WAIT=predict: waits that slept before waiting on the copy's event, and those whose
      * copy had already ended when the sleep did (the prediction was late; atomic) */

@@ -47,7 +47,7 @@ void fs_probe_collect(struct fs_probe_pool *pp)
             continue;
         p->state = FS_PROBE_FREE;
         if (rc != FS_OK) {
-            pp->missed++;
+            pp->counts.missed++;
             continue;
         }
         uint64_t ns = ms > 0.0f ? (uint64_t)((double)ms * 1e6) : 0;
@@ -55,8 +55,8 @@ void fs_probe_collect(struct fs_probe_pool *pp)
         /* GPU and host clocks differ a little: never more than the host wait itself */
         if (host_wait && ns > p->t1 - p->t0)
             ns = p->t1 - p->t0;
-        pp->measured++;
-        pp->idle_ns += ns;
+        pp->counts.measured++;
+        pp->counts.idle_ns += ns;
         if (host_wait && ns > 0)
             fs_rt_span_on(FS_RT_PROGRAM, (enum fs_rt_kind)pp->span_kind, p->id, p->bytes,
                           p->t1 - ns, p->t1);
@@ -86,7 +86,7 @@ struct fs_probe *fs_probe_begin(struct fs_probe_pool *pp, fs_stream stream, bool
         }
     }
     if (!p || fs_dev_call(pp->dev, event_record, p->before, stream) != FS_OK) {
-        pp->missed++;
+        pp->counts.missed++;
         return NULL;
     }
     p->state = FS_PROBE_WAITING;
@@ -100,7 +100,7 @@ void fs_probe_end(struct fs_probe_pool *pp, struct fs_probe *p, fs_stream stream
         return;
     if (fs_dev_call(pp->dev, event_record, p->after, stream) != FS_OK) {
         p->state = FS_PROBE_FREE;
-        pp->missed++;
+        pp->counts.missed++;
         return;
     }
     p->id = id;

@@ -22,10 +22,16 @@
 
 #define FS_PROBES 128
 
+/* What a pool measured: the stream's idle time over the waits measured, the waits measured, and
+ * the waits that could not be. The counters' owners hand it out as it is. */
+struct fs_probe_counts {
+    uint64_t idle_ns, measured, missed;
+};
+
 struct fs_probe {
     fs_event before, after;
-    uint64_t id, bytes; /* the allocation waited for (the last one, and all their bytes) */
-    uint64_t t0, t1;    /* when the wait began and ended on the host (fs_now_ns) */
+    uint64_t id, bytes; /* a host wait's allocation, for its span (0 for a device wait) */
+    uint64_t t0, t1;    /* when a host wait began and ended (fs_now_ns; 0 for a device wait) */
     /* FREE; WAITING: taken by a thread in its wait (the owner's lock may be let go meanwhile,
      * and another thread's wait must not take it); RECORDED: both events recorded, not read */
     enum { FS_PROBE_FREE, FS_PROBE_WAITING, FS_PROBE_RECORDED } state;
@@ -40,8 +46,7 @@ struct fs_probe_pool {
     struct fs_probe p[FS_PROBES];
     int n;             /* probes with their events (made at the first wait traced) */
     bool setup;        /* their making was tried */
-    uint64_t idle_ns;  /* the stream's idle time over the waits measured */
-    uint64_t measured, missed; /* waits measured, and waits that could not be */
+    struct fs_probe_counts counts;
 };
 
 void fs_probe_pool_init(struct fs_probe_pool *pp, struct fs_device *dev, int span_kind);

@@ -1298,25 +1298,25 @@ static void test_run_trace_stream_idle(void **state)
     const char *log = fs_test_capture_end(&cap);
     stop(dev);
     assert_true(st.exec.late > 0 && st.exec.late_wait_ns > 0);
-    assert_int_equal(st.exec.idle_measured + st.exec.idle_missed, st.exec.late);
-    assert_true(st.exec.idle_measured >= st.exec.late / 2);
-    assert_int_equal(st.exec.idle_ns, 0);
+    assert_int_equal(st.exec.idle.measured + st.exec.idle.missed, st.exec.late);
+    assert_true(st.exec.idle.measured >= st.exec.late / 2);
+    assert_int_equal(st.exec.idle.idle_ns, 0);
     char want[160];
     snprintf(want, sizeof(want),
              "plan: the launches' streams had run out of work for 0.0 ms of those waits (%llu "
              "waits measured, %llu not;",
-             (unsigned long long)st.exec.idle_measured, (unsigned long long)st.exec.idle_missed);
+             (unsigned long long)st.exec.idle.measured, (unsigned long long)st.exec.idle.missed);
     assert_non_null(strstr(log, want));
     /* The launches ordered after a copy are measured too, one probe per launch (a launch may
      * wait for several copies), and the exit log says how much they waited on the device. */
-    uint64_t probed = st.res.ordered_measured + st.res.ordered_missed;
+    uint64_t probed = st.res.ordered_wait.measured + st.res.ordered_wait.missed;
     assert_true(st.res.ordered_waits > 0);
     assert_true(probed > 0 && probed <= st.res.ordered_waits);
     snprintf(want, sizeof(want),
              "plan: the launches ordered after a prefetch's copy waited %.1f ms for it on the "
              "device (%llu launches measured, %llu not;",
-             (double)st.res.ordered_idle_ns / 1e6, (unsigned long long)st.res.ordered_measured,
-             (unsigned long long)st.res.ordered_missed);
+             (double)st.res.ordered_wait.idle_ns / 1e6, (unsigned long long)st.res.ordered_wait.measured,
+             (unsigned long long)st.res.ordered_wait.missed);
     assert_non_null(strstr(log, want));
 
     json_error_t err;

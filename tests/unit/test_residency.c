@@ -960,9 +960,9 @@ static void ordered_launch(struct env *e, uint64_t size, bool trace, uint64_t *i
     if (trace)
         fs_rt_close();
     check(e, v[0], size, 0, 2);
-    assert_int_equal(st.ordered_missed, 0);
-    *idle_ns = st.ordered_idle_ns;
-    *measured = st.ordered_measured;
+    assert_int_equal(st.ordered_wait.missed, 0);
+    *idle_ns = st.ordered_wait.idle_ns;
+    *measured = st.ordered_wait.measured;
     move_fini(e, &m);
 }
 
